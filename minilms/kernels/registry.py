@@ -1,0 +1,83 @@
+"""The conventions every kernel family follows, and the registry of CUDA kernels.
+
+A kernel family (one module in this package) keeps each CUDA kernel next to its CPU counterpart.
+Launchers take arrays and dispatch on where they live: a ``numpy.ndarray`` is on the ``cpu``
+device (a view into its arena), anything else is a CUDA device array (a real GPU's, or the
+simulator's).
+
+``cuda_kernel`` registers a kernel's Python function with the signatures it is compiled for, so that
+``scripts/kernel_report.py`` can compile every kernel to PTX for sm_80/sm_90 on a machine without a
+GPU. Compilation for launches stays lazy: importing a kernel module never needs a GPU.
+
+``shared`` compiles one piece of index math for both targets (minitorch's idea): write it once as
+plain Python, call the ``.cpu`` version from ``njit`` code and the ``.cuda`` version from kernels.
+"""
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from numba import cuda, njit
+
+__all__ = ["KernelSpec", "KERNELS", "cuda_kernel", "shared", "on_cpu", "grid_1d", "THREADS_1D"]
+
+THREADS_1D = 256
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str            # "<module>.<function>"
+    py_func: Callable    # the undecorated Python function, for compile_ptx
+    signatures: tuple    # numba signature strings it must compile for
+    block: tuple         # threads per block the launchers use: the report's occupancy needs it
+
+
+KERNELS: dict[str, KernelSpec] = {}
+
+
+def cuda_kernel(*signatures: str, block=THREADS_1D):
+    """Decorator: make ``fn`` a lazily compiled CUDA kernel and register it for the PTX report.
+
+    Each signature is a numba signature string, e.g. ``"void(float32[::1], float32)"``; list one per
+    dtype the launchers use, so the report covers what really runs. ``block`` is the block shape the
+    launchers use (an int or a tuple).
+    """
+    block = (block,) if isinstance(block, int) else tuple(block)
+    if not signatures:
+        raise ValueError("cuda_kernel needs at least one signature for the PTX report")
+
+    def register(fn):
+        name = f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"
+        if name in KERNELS:
+            raise ValueError(f"CUDA kernel {name} registered twice")
+        KERNELS[name] = KernelSpec(name, fn, tuple(signatures), block)
+        return cuda.jit(fn)
+
+    return register
+
+
+class _SharedFunction:
+    """One Python function compiled for the CPU (``.cpu``) and as a CUDA device function (``.cuda``)."""
+
+    def __init__(self, fn):
+        self.py_func = fn
+        self.cpu = njit(inline="always", cache=False)(fn)
+        self.cuda = cuda.jit(device=True, inline=True)(fn)
+        self.__doc__ = fn.__doc__
+        self.__name__ = fn.__name__
+
+    def __call__(self, *args):
+        return self.py_func(*args)
+
+
+def shared(fn) -> _SharedFunction:
+    return _SharedFunction(fn)
+
+
+def on_cpu(array) -> bool:
+    """True when ``array`` lives on the ``cpu`` device (plain numpy), False for a CUDA array."""
+    return isinstance(array, np.ndarray)
+
+
+def grid_1d(n: int, threads: int = THREADS_1D) -> tuple[int, int]:
+    """(blocks, threads) covering ``n`` elements with one thread each."""
+    return max(1, (n + threads - 1) // threads), threads

@@ -1,0 +1,28 @@
+"""minilms: a deep-learning framework with Numba CUDA kernels and Large Model Support built in."""
+from setuptools import find_packages, setup
+
+# The CUDA toolkit comes from PyPI wheels (NVVM for compile_ptx, ptxas for resource reports),
+# so PTX compilation works on machines without a GPU or a system CUDA install.
+CUDA = ["numba-cuda[cu12]>=0.30"]
+
+setup(
+    name="minilms",
+    version="0.1.0",
+    description="Deep learning with Large Model Support from first principles: "
+                "host-resident blobs, one device pool, planned swapping.",
+    packages=find_packages(include=["minilms", "minilms.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "numba>=0.60",
+        "numpy>=1.24",
+        "pillow>=10",
+        "tqdm>=4.60",
+        "pyyaml>=6",
+        "matplotlib>=3.7",
+    ],
+    extras_require={
+        "cuda": CUDA,
+        "test": ["pytest>=7", "hypothesis>=6.80"] + CUDA,
+        "mpi": ["mpi4py>=4", "mpich"],
+    },
+)

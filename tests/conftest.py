@@ -1,0 +1,52 @@
+"""Test-suite set-up: CUDA tests run on a real GPU when there is one, else under the Numba simulator.
+
+The choice has to be made before numba.cuda is first imported, which is why it lives here, at the
+top of the root conftest, and never in library code.
+"""
+import ctypes
+import os
+
+
+def _real_gpu_present() -> bool:
+    """Ask the CUDA driver directly (no numba import) whether a GPU is usable."""
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            driver = ctypes.CDLL(name)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        return driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 \
+            and count.value > 0
+    return False
+
+
+if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _real_gpu_present():
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import numba  # noqa: E402  (after the simulator choice, on purpose)
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+CUDA_SIMULATED = bool(numba.config.ENABLE_CUDASIM)
+
+settings.register_profile("default", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("default")
+
+
+def pytest_report_header(config):
+    return f"minilms CUDA tests: {'Numba CUDA simulator' if CUDA_SIMULATED else 'real GPU'}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Name the slow tests in the run's summary so nothing is skipped silently."""
+    if config.getoption("-m") or config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow (kept outside CI, see README)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
