@@ -1,0 +1,164 @@
+"""A blob: a named n-d array whose home is the host, with an optional slot in the device pool.
+
+The state machine is Caffe's SyncedMemory, with the head of the data in one of four states:
+
+    UNINITIALIZED  no valid data anywhere (reads see zeros, as in Caffe)
+    HOST           the host copy is the truth; the device slot, if any, is stale
+    DEVICE         the device copy is the truth (dirty); the host copy is stale
+    SYNCED         both copies hold the same data
+
+Reads sync (copy the truth to where it is read); writes move the head there. ``release`` gives the
+slot back to the pool: a dirty blob that is still needed is copied home first (swap-out); any other
+blob is dropped without a copy. Data that is still needed is never lost.
+"""
+from enum import Enum
+
+import numpy as np
+
+from . import events
+from .device import Device
+from .pool import Slot
+
+ROLES = ("param", "param_grad", "activation", "activation_grad", "optimizer_state",
+         "workspace", "input")
+
+
+class State(Enum):
+    UNINITIALIZED = "uninitialized"
+    HOST = "host"
+    DEVICE = "device"
+    SYNCED = "synced"
+
+
+class Blob:
+    """``Blob(device, name, shape, dtype, role)``: host copy allocated now, device slot on demand."""
+
+    def __init__(self, device: Device, name: str, shape, dtype=np.float32, role="activation"):
+        if role not in ROLES:
+            raise ValueError(f"blob {name}: role must be one of {', '.join(ROLES)}, found {role!r}")
+        self.device, self.name, self.role = device, name, role
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        self.host = device.alloc_host(self.shape, self.dtype)
+        self.nbytes = self.host.nbytes
+        self.state = State.UNINITIALIZED
+        self.slot: Slot | None = None
+        self._device_view = None
+
+    # -- placement -------------------------------------------------------------------------------
+    @property
+    def placed(self) -> bool:
+        return self.slot is not None
+
+    def place(self, at: int | None = None) -> Slot:
+        """Take a slot in the pool (at offset ``at`` when the plan says where)."""
+        if self.slot is not None:
+            raise RuntimeError(f"blob {self.name} is already placed at {self.slot.offset}")
+        self.slot = self.device.pool.allocate(self.nbytes, self.name, at=at)
+        self._device_view = self.device.view(self.slot, self.shape, self.dtype)
+        return self.slot
+
+    def release(self, needed_later: bool = True, stream=None) -> str:
+        """Give the slot back. Returns what it took: ``"swap_out"``, ``"drop"`` or ``"free"``.
+
+        A dirty blob (head on the device) that is ``needed_later`` is copied home first; with
+        ``stream`` that copy is only enqueued, and the caller must order any reuse of the space
+        after it (an event on ``stream``).
+        """
+        if self.slot is None:
+            raise RuntimeError(f"blob {self.name} is not placed on the device")
+        action = "free"
+        if self.state is State.DEVICE:
+            if needed_later:
+                self._copy_home(stream)
+                action = "swap_out"
+                self._set_state(State.HOST)
+            else:
+                action = "drop"
+                self._set_state(State.UNINITIALIZED)
+        elif self.state is State.SYNCED:
+            action = "drop"
+            self._set_state(State.HOST)
+        if events.listening and action == "drop":
+            events.emit("drop", self.name, self.nbytes, role=self.role)
+        self.device.pool.free(self.slot)
+        self.slot, self._device_view = None, None
+        return action
+
+    # -- access ----------------------------------------------------------------------------------
+    def host_data(self) -> np.ndarray:
+        """The data on the host, for reading (a read-only view)."""
+        self._to_host()
+        view = self.host.view()
+        view.flags.writeable = False
+        return view
+
+    def mutable_host_data(self, overwrite: bool = False) -> np.ndarray:
+        """The host copy, for writing: the head moves to the host. ``overwrite=True`` promises
+        every element is written, so a dirty device copy is not brought home first."""
+        if not overwrite:
+            self._to_host()
+        self._set_state(State.HOST)
+        return self.host
+
+    def device_data(self, stream=None):
+        """The device copy, for reading by a kernel: places the blob if it has no slot."""
+        self._to_device(stream)
+        return self._device_view
+
+    def mutable_device_data(self, stream=None, overwrite: bool = False):
+        """The device copy, for writing: the head moves to the device.
+
+        ``overwrite=True`` promises the caller writes every element before reading any, so the
+        old contents are not brought in (no H2D, no zero fill): what a layer's output needs.
+        """
+        if overwrite:
+            if self.slot is None:
+                self.place()
+        else:
+            self._to_device(stream)
+        self._set_state(State.DEVICE)
+        return self._device_view
+
+    # -- the transitions -------------------------------------------------------------------------
+    def _to_host(self) -> None:
+        if self.state is State.UNINITIALIZED:
+            self.host.fill(0)
+            self._set_state(State.HOST)
+        elif self.state is State.DEVICE:
+            self._copy_home(None)
+            self._set_state(State.SYNCED)
+
+    def _to_device(self, stream) -> None:
+        if self.slot is None:
+            self.place()
+        if self.state is State.UNINITIALIZED:
+            self.device.zero(self._device_view, stream)
+            self._set_state(State.DEVICE)
+        elif self.state is State.HOST:
+            if events.listening:
+                events.emit("h2d", self.name, self.nbytes, role=self.role, stream=self._stream_name(stream))
+            self.device.h2d(self._device_view, self.host, stream)
+            self._set_state(State.SYNCED)
+
+    def _copy_home(self, stream) -> None:
+        if events.listening:
+            events.emit("d2h", self.name, self.nbytes, role=self.role, stream=self._stream_name(stream))
+        self.device.d2h(self.host, self._device_view, stream)
+
+    def _stream_name(self, stream) -> str:
+        if stream is None:
+            return "sync"
+        return "copy" if stream is self.device.copy_stream else "compute"
+
+    def _set_state(self, state: State) -> None:
+        if state is not self.state and events.listening:
+            events.emit("state", self.name, self.nbytes, before=self.state.value,
+                        after=state.value)
+        self.state = state
+
+    def __repr__(self) -> str:
+        where = f"@{self.slot.offset}" if self.slot else "unplaced"
+        return (f"<Blob {self.name} {self.role} {self.shape} {self.dtype} {self.state.value} "
+                f"{where}>")
+

@@ -1,0 +1,59 @@
+"""Devices: where kernels run and where the pool lives. ``make_device`` is the way to get one.
+
+``cuda`` is a real GPU (or the Numba CUDA simulator); ``cpu`` is a simulated device whose memory
+is a fixed arena in host RAM. ``auto`` picks a real GPU when there is one, else ``cpu``.
+"""
+from ..errors import ConfigError
+from ..sizes import format_bytes, parse_size
+from .base import Device
+from .cpu import CpuDevice, host_memory_info
+from .link import LINKS_GBPS, Link, parse_link
+
+__all__ = ["Device", "CpuDevice", "make_device", "resolve_memory", "real_gpu_available",
+           "Link", "LINKS_GBPS", "parse_link", "AUTO_FRACTION"]
+
+# device.memory: auto takes this fraction of what is free. On a GPU the rest is left for the CUDA
+# context and other processes; on the cpu device the host copies of every blob need RAM too.
+AUTO_FRACTION = {"cuda": 0.9, "cpu": 0.5}
+KINDS = ("auto", "cpu", "cuda")
+
+
+def real_gpu_available() -> bool:
+    import numba
+    from numba import cuda
+    return not numba.config.ENABLE_CUDASIM and cuda.is_available()
+
+
+def resolve_kind(kind: str, key: str = "device.kind") -> str:
+    if kind not in KINDS:
+        raise ConfigError(key, f"one of {', '.join(KINDS)}", kind)
+    if kind == "auto":
+        return "cuda" if real_gpu_available() else "cpu"
+    return kind
+
+
+def resolve_memory(memory, free: int, kind: str, key: str = "device.memory") -> int:
+    """Pool bytes for ``memory`` (a size or ``"auto"``) given ``free`` bytes where it comes from."""
+    if isinstance(memory, str) and memory.strip().lower() == "auto":
+        return int(free * AUTO_FRACTION[kind])
+    try:
+        nbytes = parse_size(memory, key)
+    except ConfigError:
+        raise ConfigError(key, "a size like '512MiB' or '2GiB', or 'auto'", memory) from None
+    if nbytes > free:
+        where = "free on the GPU" if kind == "cuda" else "available host memory"
+        raise ConfigError(key, f"at most {format_bytes(free)} ({where})", memory)
+    return nbytes
+
+
+def make_device(kind: str = "auto", memory="auto", link=None, device_id: int = 0) -> Device:
+    """A device with its pool allocated: ``make_device("cpu", "512MiB", link="pcie3")``."""
+    kind = resolve_kind(kind)
+    if kind == "cpu":
+        free, _ = host_memory_info()
+        return CpuDevice(resolve_memory(memory, free, kind), link=parse_link(link))
+    if link is not None:
+        raise ConfigError("device.link", "no link model on a cuda device (its link is real)", link)
+    from .cuda import CudaDevice, free_gpu_memory
+    free = free_gpu_memory(device_id)
+    return CudaDevice(resolve_memory(memory, free, kind), device_id=device_id)

@@ -1,0 +1,79 @@
+"""The interface both devices implement: the pool buffer, views into it, host copies, streams.
+
+A device owns one buffer of ``capacity`` bytes, allocated once, and a ``Pool`` that sub-allocates
+it. Everything a kernel touches is a view of that buffer (``view``). Host copies come from
+``alloc_host`` (pinned memory on ``cuda``). Copies run on a stream: ``compute_stream`` is where
+kernels run; ``copy_stream`` lets transfers overlap with them. With ``stream=None`` a copy is
+synchronous: it is complete when the call returns.
+"""
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from ..pool import Pool, Slot
+
+
+class Device(ABC):
+    kind: str          # "cpu" or "cuda"
+    name: str          # for people: "cpu (simulated, 512.00 MiB, link pcie3)"
+
+    def __init__(self, capacity: int):
+        self.pool = Pool(capacity)
+        self.capacity = self.pool.capacity
+
+    def view(self, slot: Slot, shape, dtype):
+        """The device array of ``shape``/``dtype`` stored at ``slot`` (a view, no copy)."""
+        shape = tuple(shape)
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes > slot.nbytes:
+            raise ValueError(f"{slot.owner}: {nbytes} bytes do not fit its slot of {slot.nbytes}")
+        return self._bytes(slot.offset, nbytes).view(dtype).reshape(shape)
+
+    @abstractmethod
+    def _bytes(self, offset: int, nbytes: int):
+        """A uint8 view of ``nbytes`` of the buffer from ``offset``."""
+
+    @abstractmethod
+    def alloc_host(self, shape, dtype) -> np.ndarray:
+        """A host array for a blob's home copy (pinned on ``cuda``), contents undefined."""
+
+    @abstractmethod
+    def h2d(self, dst, src: np.ndarray, stream=None) -> None:
+        """Copy host ``src`` into device view ``dst``."""
+
+    @abstractmethod
+    def d2h(self, dst: np.ndarray, src, stream=None) -> None:
+        """Copy device view ``src`` into host ``dst``."""
+
+    @abstractmethod
+    def zero(self, dst, stream=None) -> None:
+        """Fill device view ``dst`` with zero bytes."""
+
+    @abstractmethod
+    def to_host(self, src) -> np.ndarray:
+        """A new host array with the contents of device view ``src`` (for tests and inspection)."""
+
+    @abstractmethod
+    def event(self):
+        """A new event: ``record(stream)``, ``wait(stream)``, ``synchronize()``, ``query()``."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Block until all work on every stream is done."""
+
+    @abstractmethod
+    def memory_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the memory the pool's buffer comes from."""
+
+    def close(self) -> None:
+        self.synchronize()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Device {self.name}>"

@@ -1,0 +1,173 @@
+"""The ``cpu`` device: a simulated GPU whose memory is a fixed arena in host RAM.
+
+Kernels only ever touch views of the arena, and copies between host copies and the arena are real
+memory copies, so LMS behaves here as it does on a GPU and can be tested and studied without one.
+An optional ``Link`` makes each copy last at least ``bytes / bandwidth``.
+
+Streams mirror CUDA's: work on a stream runs in order. The compute stream runs work at once in the
+calling thread (kernels are synchronous on the host); the copy stream has a thread of its own, and
+``numpy.copyto`` and Numba kernels release the GIL, so copies overlap with compute.
+"""
+import queue
+import threading
+
+import numpy as np
+
+from .. import events
+from ..sizes import format_bytes
+from .base import Device
+from .link import Link
+
+
+class CpuStream:
+    def __init__(self, name: str, threaded: bool):
+        self.name = name
+        self._error: BaseException | None = None
+        self._queue: queue.Queue | None = queue.Queue() if threaded else None
+        if threaded:
+            threading.Thread(target=self._serve, name=f"minilms-{name}", daemon=True).start()
+
+    def submit(self, work) -> None:
+        self._raise_pending()
+        if self._queue is None:
+            work()
+        else:
+            self._queue.put(work)
+
+    def synchronize(self) -> None:
+        if self._queue is not None:
+            self._queue.join()
+        self._raise_pending()
+
+    def close(self) -> None:
+        if self._queue is not None:
+            self._queue.put(None)
+
+    def _serve(self) -> None:
+        while (work := self._queue.get()) is not None:
+            try:
+                work()
+            except BaseException as error:  # surfaced on the next submit/synchronize
+                self._error = error
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"a copy on the {self.name} stream failed") from error
+
+    def __repr__(self) -> str:
+        return f"<CpuStream {self.name}>"
+
+
+class CpuEvent:
+    """A marker in a stream. As in CUDA, an event never recorded counts as complete, and ``wait``
+    waits for the latest ``record`` made before it."""
+
+    def __init__(self):
+        self._done = threading.Event()
+        self._done.set()
+        self.time: float | None = None
+
+    def record(self, stream: CpuStream) -> None:
+        done = self._done = threading.Event()
+
+        def mark():
+            self.time = events.clock()
+            done.set()
+        stream.submit(mark)
+
+    def wait(self, stream: CpuStream) -> None:
+        stream.submit(self._done.wait)
+
+    def synchronize(self) -> None:
+        self._done.wait()
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+    def elapsed_time(self, end: "CpuEvent") -> float:
+        """Milliseconds from this event to ``end``, both complete."""
+        self.synchronize()
+        end.synchronize()
+        return (end.time - self.time) * 1e3
+
+
+class CpuDevice(Device):
+    kind = "cpu"
+
+    def __init__(self, capacity: int, link: Link | None = None):
+        super().__init__(capacity)
+        self.link = link
+        # Touch every page now: the cap is real memory, taken at start-up as cudaMalloc would.
+        self._arena = np.empty(self.capacity, np.uint8)
+        self._arena.fill(0)
+        self.compute_stream = CpuStream("compute", threaded=False)
+        self.copy_stream = CpuStream("copy", threaded=True)
+        link_name = f", link {link.name}" if link else ""
+        self.name = f"cpu (simulated, {format_bytes(self.capacity)}{link_name})"
+
+    def _bytes(self, offset: int, nbytes: int):
+        return self._arena[offset:offset + nbytes]
+
+    def alloc_host(self, shape, dtype) -> np.ndarray:
+        return np.empty(shape, dtype)
+
+    def h2d(self, dst: np.ndarray, src: np.ndarray, stream: CpuStream | None = None) -> None:
+        self._copy(dst, src, stream)
+
+    def d2h(self, dst: np.ndarray, src: np.ndarray, stream: CpuStream | None = None) -> None:
+        self._copy(dst, src, stream)
+
+    def _copy(self, dst: np.ndarray, src: np.ndarray, stream: CpuStream | None) -> None:
+        if dst.shape != src.shape or dst.dtype != src.dtype:
+            raise ValueError(f"copy between {src.shape} {src.dtype} and {dst.shape} {dst.dtype}")
+        link = self.link
+
+        def copy():
+            started = events.clock()
+            np.copyto(dst, src, casting="no")
+            if link is not None:
+                link.hold(started, dst.nbytes)
+        if stream is None:
+            copy()
+        else:
+            stream.submit(copy)
+
+    def zero(self, dst: np.ndarray, stream: CpuStream | None = None) -> None:
+        if stream is None:
+            dst.fill(0)
+        else:
+            stream.submit(lambda: dst.fill(0))
+
+    def to_host(self, src: np.ndarray) -> np.ndarray:
+        return np.array(src, copy=True)
+
+    def event(self) -> CpuEvent:
+        return CpuEvent()
+
+    def synchronize(self) -> None:
+        self.copy_stream.synchronize()
+        self.compute_stream.synchronize()
+
+    def memory_info(self) -> tuple[int, int]:
+        return host_memory_info()
+
+    def close(self) -> None:
+        self.synchronize()
+        self.copy_stream.close()
+
+
+def host_memory_info() -> tuple[int, int]:
+    """(available, total) bytes of host RAM: what a new arena could take without swapping."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        kib = lambda key: int(fields[key].split()[0]) * 1024  # noqa: E731
+        return kib("MemAvailable"), kib("MemTotal")
+    except (OSError, KeyError, ValueError):
+        import os
+        page = os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page

@@ -1,0 +1,20 @@
+"""The errors minilms raises on purpose. Each renders as one line a user can act on."""
+
+
+class MinilmsError(Exception):
+    """Base class: errors that the command-line front ends print as one line and exit 2."""
+
+    exit_code = 2
+
+
+class ConfigError(MinilmsError, ValueError):
+    """A bad setting: names where it came from, the key, what was expected and what was found."""
+
+    def __init__(self, key: str, expected: str, found, source: str | None = None):
+        self.key, self.expected, self.found, self.source = key, expected, found, source
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{key}: expected {expected}, found {found!r}")
+
+
+class OutOfDeviceMemory(MinilmsError, MemoryError):
+    """The pool cannot satisfy a request; the message says who asked, how much, and who holds it."""

@@ -1,0 +1,58 @@
+"""The hook every level of minilms reports to: allocations, frees, copies, state changes, kernels.
+
+It costs nothing when nobody listens: emitters guard each report with ``if events.listening:``,
+a plain module attribute read, and build no event at all otherwise. The trace (``minilms.trace``)
+and tests subscribe; nothing that listens may change what it observes.
+"""
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+__all__ = ["Event", "listening", "subscribe", "unsubscribe", "listen", "emit", "clock"]
+
+clock = time.perf_counter
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str             # "alloc", "free", "h2d", "d2h", "state", "drop", ...
+    who: str              # the blob (or other owner) the event is about
+    nbytes: int = 0
+    time: float = 0.0     # seconds, minilms.events.clock
+    detail: dict = field(default_factory=dict)
+
+
+_listeners: list[Callable[[Event], None]] = []
+listening = False
+
+
+def subscribe(listener: Callable[[Event], None]) -> None:
+    global listening
+    _listeners.append(listener)
+    listening = True
+
+
+def unsubscribe(listener: Callable[[Event], None]) -> None:
+    global listening
+    _listeners.remove(listener)
+    listening = bool(_listeners)
+
+
+@contextmanager
+def listen(listener: Callable[[Event], None] | None = None):
+    """Collect events while the block runs: ``with listen() as got: ...`` gives the list ``got``."""
+    collected: list[Event] = []
+    sink = listener if listener is not None else collected.append
+    subscribe(sink)
+    try:
+        yield collected
+    finally:
+        unsubscribe(sink)
+
+
+def emit(kind: str, who: str, nbytes: int = 0, **detail) -> None:
+    """Report one event to every listener. Callers check ``events.listening`` first."""
+    event = Event(kind, who, nbytes, clock(), detail)
+    for listener in tuple(_listeners):
+        listener(event)

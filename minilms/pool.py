@@ -1,0 +1,180 @@
+"""Aligned sub-allocation of the device's one buffer.
+
+The pool hands out byte ranges ``[offset, offset + nbytes)`` of a buffer of ``capacity`` bytes; it
+never touches memory itself, so the same allocator serves the ``cpu`` and ``cuda`` devices and the
+planner (which places blobs at offsets it computed, with ``allocate(..., at=offset)``).
+
+Free space is kept as a sorted list of disjoint, coalesced blocks. Allocation is best fit (the
+smallest free block that holds the request, lowest offset on a tie), which keeps large blocks intact
+for the large activations that LMS moves around.
+"""
+import bisect
+from dataclasses import dataclass
+
+from . import events
+from .errors import OutOfDeviceMemory
+from .sizes import format_bytes
+
+ALIGNMENT = 256  # bytes: what cudaMalloc guarantees, and enough for any dtype and coalesced access
+
+
+def align_up(nbytes: int, alignment: int = ALIGNMENT) -> int:
+    return -(-nbytes // alignment) * alignment
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A reserved byte range of the pool. ``nbytes`` is the aligned size actually reserved."""
+    offset: int
+    nbytes: int
+    owner: str
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    capacity: int
+    in_use: int
+    peak: int
+    free: int
+    largest_free: int
+    free_blocks: int
+    used_blocks: int
+
+    @property
+    def fragmentation(self) -> float:
+        """0 when all free space is one block; approaches 1 as it splinters."""
+        return 0.0 if self.free == 0 else 1.0 - self.largest_free / self.free
+
+
+class Pool:
+    def __init__(self, capacity: int, alignment: int = ALIGNMENT):
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"pool alignment must be a power of two, found {alignment}")
+        self.alignment = alignment
+        self.capacity = capacity - capacity % alignment
+        self._free_offsets: list[int] = [0] if self.capacity else []
+        self._free_sizes: dict[int, int] = {0: self.capacity} if self.capacity else {}
+        self._used: dict[int, Slot] = {}
+        self.in_use = 0
+        self.peak = 0
+
+    # -- allocation ------------------------------------------------------------------------------
+    def allocate(self, nbytes: int, owner: str, at: int | None = None) -> Slot:
+        """Reserve ``nbytes`` (rounded up to the alignment) for ``owner``; at ``at`` if given."""
+        if nbytes < 0:
+            raise ValueError(f"{owner}: cannot allocate {nbytes} bytes")
+        size = align_up(max(nbytes, 1), self.alignment)
+        block = self._best_fit(size) if at is None else self._block_containing(at, size)
+        if block is None:
+            raise OutOfDeviceMemory(self._exhausted_message(owner, nbytes, size, at))
+        start = block if at is None else at
+        self._carve(block, start, size)
+        slot = Slot(start, size, owner)
+        self._used[start] = slot
+        self.in_use += size
+        self.peak = max(self.peak, self.in_use)
+        if events.listening:
+            events.emit("alloc", owner, size, offset=start, in_use=self.in_use)
+        return slot
+
+    def free(self, slot: Slot) -> None:
+        if self._used.get(slot.offset) != slot:
+            raise ValueError(f"{slot.owner}: freeing a slot the pool did not hand out: {slot}")
+        del self._used[slot.offset]
+        self.in_use -= slot.nbytes
+        self._insert_free(slot.offset, slot.nbytes)
+        if events.listening:
+            events.emit("free", slot.owner, slot.nbytes, offset=slot.offset, in_use=self.in_use)
+
+    def _best_fit(self, size: int) -> int | None:
+        best = None
+        for offset in self._free_offsets:
+            block = self._free_sizes[offset]
+            if block >= size and (best is None or block < self._free_sizes[best]):
+                best = offset
+                if block == size:
+                    break
+        return best
+
+    def _block_containing(self, at: int, size: int) -> int | None:
+        if at < 0 or at % self.alignment:
+            raise ValueError(f"pool offset {at} is not a multiple of {self.alignment}")
+        i = bisect.bisect_right(self._free_offsets, at) - 1
+        if i < 0:
+            return None
+        offset = self._free_offsets[i]
+        return offset if at + size <= offset + self._free_sizes[offset] else None
+
+    def _carve(self, block: int, start: int, size: int) -> None:
+        """Take ``[start, start+size)`` out of free block ``block``, keeping what is left around it."""
+        block_size = self._free_sizes.pop(block)
+        self._free_offsets.remove(block)
+        if start > block:
+            self._add_free(block, start - block)
+        tail = block + block_size - (start + size)
+        if tail:
+            self._add_free(start + size, tail)
+
+    def _add_free(self, offset: int, size: int) -> None:
+        bisect.insort(self._free_offsets, offset)
+        self._free_sizes[offset] = size
+
+    def _insert_free(self, offset: int, size: int) -> None:
+        i = bisect.bisect_left(self._free_offsets, offset)
+        if i < len(self._free_offsets) and self._free_offsets[i] == offset + size:  # merge right
+            size += self._free_sizes.pop(self._free_offsets.pop(i))
+        if i > 0:
+            left = self._free_offsets[i - 1]
+            if left + self._free_sizes[left] == offset:  # merge left
+                self._free_sizes[left] += size
+                return
+        self._free_offsets.insert(i, offset)
+        self._free_sizes[offset] = size
+
+    # -- reading ---------------------------------------------------------------------------------
+    def stats(self) -> PoolStats:
+        sizes = self._free_sizes.values()
+        return PoolStats(self.capacity, self.in_use, self.peak, self.capacity - self.in_use,
+                         max(sizes, default=0), len(self._free_sizes), len(self._used))
+
+    def slots(self) -> list[Slot]:
+        """Every slot in use, by offset."""
+        return [self._used[offset] for offset in sorted(self._used)]
+
+    def free_blocks(self) -> list[tuple[int, int]]:
+        return [(offset, self._free_sizes[offset]) for offset in self._free_offsets]
+
+    def reset_peak(self) -> None:
+        self.peak = self.in_use
+
+    def check(self) -> None:
+        """Assert the invariants: used and free blocks tile the buffer exactly, free blocks are
+        coalesced, counters agree. Cheap enough for tests to call after every operation."""
+        pieces = [(s.offset, s.nbytes, "used") for s in self._used.values()]
+        pieces += [(o, n, "free") for o, n in self._free_sizes.items()]
+        pieces.sort()
+        position, previous = 0, None
+        for offset, size, kind in pieces:
+            assert offset == position, f"pool gap or overlap at {position}: next block at {offset}"
+            assert size > 0 and offset % self.alignment == 0 and size % self.alignment == 0
+            assert not (kind == previous == "free"), f"free blocks not coalesced at {offset}"
+            position, previous = offset + size, kind
+        assert position == self.capacity, f"pool blocks end at {position}, not {self.capacity}"
+        assert self._free_offsets == sorted(self._free_sizes)
+        assert self.in_use == sum(s.nbytes for s in self._used.values()) <= self.peak
+
+    def _exhausted_message(self, owner: str, nbytes: int, size: int, at: int | None) -> str:
+        stats = self.stats()
+        holders = sorted(self._used.values(), key=lambda s: -s.nbytes)
+        shown = ", ".join(f"{s.owner} {format_bytes(s.nbytes)}" for s in holders[:5]) or "nobody"
+        more = f" and {len(holders) - 5} more" if len(holders) > 5 else ""
+        where = f" at offset {at}" if at is not None else ""
+        return (f"out of device memory: {owner} asked for {format_bytes(nbytes)} ({size} bytes "
+                f"aligned){where}; free {format_bytes(stats.free)} of "
+                f"{format_bytes(stats.capacity)}, largest free block "
+                f"{format_bytes(stats.largest_free)}; held by {shown}{more}. Turn LMS on "
+                f"(lms.enabled) or raise device.memory")
