@@ -1,0 +1,33 @@
+"""Smoke runs of the benchmark scripts at tiny size: they run and report what they promise.
+Their numbers are never asserted (no absolute times in CI)."""
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def run_script(name, *args):
+    argv = sys.argv
+    sys.argv = [name, *args]
+    try:
+        with pytest.raises(SystemExit) as finished:
+            runpy.run_path(str(SCRIPTS / name), run_name="__main__")
+    finally:
+        sys.argv = argv
+    return finished.value.code
+
+
+def test_bench_copy_prints_ratios_against_copyto(capsys):
+    assert run_script("bench_copy.py", "--sizes", "64KiB", "1MiB", "--repeat", "2") == 0
+    out = capsys.readouterr().out
+    assert "h2d ratio" in out and "d2h ratio" in out
+    assert "worst throughput ratio against numpy.copyto" in out
+    assert len([line for line in out.splitlines() if "KiB" in line or "MiB" in line]) >= 2
+
+
+def test_bench_copy_bad_size_exits_2(capsys):
+    assert run_script("bench_copy.py", "--sizes", "-1") == 2
+    assert "--sizes: expected a size like" in capsys.readouterr().err
