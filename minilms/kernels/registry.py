@@ -79,5 +79,8 @@ def on_cpu(array) -> bool:
 
 
 def grid_1d(n: int, threads: int = THREADS_1D) -> tuple[int, int]:
-    """(blocks, threads) covering ``n`` elements with one thread each."""
+    """(blocks, threads) covering ``n`` elements with one thread each. A small ``n`` gets a
+    smaller block (whole warps): no idle threads, and far fewer for the simulator, which runs
+    every CUDA thread as a Python thread."""
+    threads = min(threads, max(32, -(-n // 32) * 32))
     return max(1, (n + threads - 1) // threads), threads

@@ -1,0 +1,175 @@
+"""im2col / col2im against naive loops, each other (adjointness), torch's unfold/fold, and CUDA."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from minilms.kernels.im2col import col2im, col_shape, conv_out_size, im2col
+
+# (image [C, H, W], kernel, stride, padding, dilation)
+GEOMETRIES = {
+    "1x1": ((1, 1, 1), 1, 1, 0, 1),
+    "3x3 same": ((2, 5, 5), 3, 1, 1, 1),
+    "rectangular": ((3, 7, 6), (3, 2), (2, 1), (1, 0), 1),
+    "dilated": ((2, 9, 8), 3, 2, 1, 2),
+    "kernel = image": ((1, 4, 4), 4, 1, 0, 1),
+    "stride > kernel": ((2, 7, 7), 1, 3, 0, 1),
+    "padding > kernel": ((1, 3, 4), 1, 1, 2, 1),
+    "everything": ((2, 8, 9), (2, 3), (3, 2), (2, 1), (2, 3)),
+}
+
+
+def pair(x):
+    return (x, x) if np.isscalar(x) else tuple(x)
+
+
+def naive_im2col(img, kernel, stride, padding, dilation):
+    """Straight from the definition in the module docstring."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = map(pair, (kernel, stride, padding, dilation))
+    channels, height, width = img.shape
+    out_h = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    out_w = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    col = np.zeros((channels * kh * kw, out_h * out_w), img.dtype)
+    for c in range(channels):
+        for i in range(kh):
+            for j in range(kw):
+                for oh in range(out_h):
+                    for ow in range(out_w):
+                        h, w = oh * sh - ph + i * dh, ow * sw - pw + j * dw
+                        if 0 <= h < height and 0 <= w < width:
+                            col[(c * kh + i) * kw + j, oh * out_w + ow] = img[c, h, w]
+    return col
+
+
+def naive_col2im(col, img_shape, kernel, stride, padding, dilation):
+    """The transpose of naive_im2col, as a scatter-add."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = map(pair, (kernel, stride, padding, dilation))
+    channels, height, width = img_shape
+    out_w = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    img = np.zeros(img_shape, col.dtype)
+    for row in range(col.shape[0]):
+        c, i, j = row // (kh * kw), row // kw % kh, row % kw
+        for column in range(col.shape[1]):
+            h = column // out_w * sh - ph + i * dh
+            w = column % out_w * sw - pw + j * dw
+            if 0 <= h < height and 0 <= w < width:
+                img[c, h, w] += col[row, column]
+    return img
+
+
+def random(shape, dtype=np.float64, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("name", GEOMETRIES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cpu_matches_naive_loops(name, dtype):
+    shape, *geometry = GEOMETRIES[name]
+    img = random(shape, dtype)
+    col = np.full(col_shape(shape, *geometry), np.nan, dtype)  # every element must be written
+    assert im2col(img, col, *geometry) is col
+    np.testing.assert_array_equal(col, naive_im2col(img, *geometry))
+
+    y = random(col.shape, dtype, seed=1)
+    grad = np.ones(shape, dtype)  # col2im adds to what is there
+    assert col2im(y, grad, *geometry) is grad
+    np.testing.assert_allclose(grad, 1 + naive_col2im(y, shape, *geometry), rtol=1e-6, atol=1e-6)
+
+
+@given(channels=st.integers(1, 3), height=st.integers(1, 9), width=st.integers(1, 9),
+       kh=st.integers(1, 4), kw=st.integers(1, 4), sh=st.integers(1, 3), sw=st.integers(1, 3),
+       ph=st.integers(0, 2), pw=st.integers(0, 2), dh=st.integers(1, 3), dw=st.integers(1, 3))
+def test_col2im_is_the_adjoint_of_im2col(channels, height, width, kh, kw, sh, sw, ph, pw, dh, dw):
+    geometry = ((kh, kw), (sh, sw), (ph, pw), (dh, dw))
+    if conv_out_size(height, kh, sh, ph, dh) < 1 or conv_out_size(width, kw, sw, pw, dw) < 1:
+        with pytest.raises(ValueError, match="does not fit"):
+            col_shape((channels, height, width), *geometry)
+        return
+    x = random((channels, height, width), seed=height * 10 + width)
+    y = random(col_shape(x.shape, *geometry), seed=kh * 10 + kw)
+    col = np.empty_like(y)
+    im2col(x, col, *geometry)
+    back = np.zeros_like(x)
+    col2im(y, back, *geometry)
+    # <col2im(y), x> == <y, im2col(x)>
+    assert np.vdot(back, x) == pytest.approx(np.vdot(y, col), rel=1e-12, abs=1e-12)
+
+
+def test_groups_are_channel_slices():
+    shape, *geometry = GEOMETRIES["everything"]
+    img = random((4,) + shape[1:])
+    full = np.empty(col_shape(img.shape, *geometry))
+    im2col(img, full, *geometry)
+    rows = full.shape[0] // 2  # two groups of two channels: each group's rows, in order
+    for group in range(2):
+        part = img[2 * group:2 * group + 2]
+        col = np.empty(col_shape(part.shape, *geometry))
+        im2col(part, col, *geometry)
+        np.testing.assert_array_equal(col, full[group * rows:(group + 1) * rows])
+
+
+@pytest.mark.parametrize("name", ["3x3 same", "everything"])
+def test_matches_torch_unfold_and_fold(name):
+    torch = pytest.importorskip("torch", reason="torch is not installed: no comparison with unfold")
+    shape, kernel, stride, padding, dilation = GEOMETRIES[name]
+    img = random(shape)
+    col = np.empty(col_shape(shape, kernel, stride, padding, dilation))
+    im2col(img, col, kernel, stride, padding, dilation)
+    options = dict(kernel_size=kernel, stride=stride, padding=padding, dilation=dilation)
+    unfolded = torch.nn.functional.unfold(torch.from_numpy(img)[None], **options)[0].numpy()
+    np.testing.assert_array_equal(col, unfolded)
+
+    y = random(col.shape, seed=3)
+    grad = np.zeros(shape)
+    col2im(y, grad, kernel, stride, padding, dilation)
+    folded = torch.nn.functional.fold(torch.from_numpy(y)[None], output_size=shape[1:], **options)
+    np.testing.assert_allclose(grad, folded[0].numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_rejects_bad_geometry():
+    img = np.zeros((2, 5, 5), np.float32)
+    with pytest.raises(ValueError, match="col has shape"):
+        im2col(img, np.zeros((18, 24), np.float32), 3)
+    with pytest.raises(ValueError, match="does not fit"):
+        im2col(img, np.zeros((2, 1), np.float32), 6)
+    with pytest.raises(ValueError, match="one image"):
+        im2col(img[None], np.zeros((18, 9), np.float32), 3)
+    with pytest.raises(ValueError, match=">= 1"):
+        col_shape(img.shape, 3, stride=0)
+    with pytest.raises(TypeError, match="dtype"):
+        im2col(img, np.zeros((18, 9), np.float64), 3)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, dtype", [("rectangular", np.float32), ("everything", np.float32),
+                                         ("3x3 same", np.float64)])
+def test_cuda_matches_cpu(name, dtype):
+    from numba import cuda
+    shape, *geometry = GEOMETRIES[name]
+    img = random(shape, dtype)
+    expected = np.empty(col_shape(shape, *geometry), dtype)
+    im2col(img, expected, *geometry)
+    d_col = cuda.to_device(np.full(expected.shape, np.nan, dtype))
+    stream = cuda.stream()
+    assert im2col(cuda.to_device(img), d_col, *geometry, stream=stream) is d_col
+    stream.synchronize()
+    np.testing.assert_array_equal(d_col.copy_to_host(), expected)
+
+    y = random(expected.shape, dtype, seed=2)
+    grad = np.full(shape, 0.5, dtype)
+    col2im(y, grad, *geometry)
+    d_grad = cuda.to_device(np.full(shape, 0.5, dtype))
+    col2im(cuda.to_device(y), d_grad, *geometry)
+    # A gather on CUDA, a scatter on the CPU: the same terms, summed in another order.
+    np.testing.assert_allclose(d_grad.copy_to_host(), grad, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.cuda
+def test_cuda_rejects_mixed_and_strided_arrays():
+    from numba import cuda
+    img = np.zeros((2, 5, 5), np.float32)
+    col = np.zeros((18, 9), np.float32)
+    with pytest.raises(TypeError, match="both be numpy"):
+        im2col(cuda.to_device(img), col, 3)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        im2col(cuda.to_device(np.zeros((2, 5, 10), np.float32))[:, :, ::2], cuda.to_device(col), 3)
