@@ -11,6 +11,13 @@ GPU. Compilation for launches stays lazy: importing a kernel module never needs 
 
 ``shared`` compiles one piece of index math for both targets (minitorch's idea): write it once as
 plain Python, call the ``.cpu`` version from ``njit`` code and the ``.cuda`` version from kernels.
+Numba resolves only plain globals inside compiled code, so bind each version to a module-level
+name first (``window_cuda = window.cuda``) and call that.
+
+Device functions are always ``inline="always"``: an out-of-line device function makes
+``compile_ptx`` ask the (absent) GPU for its compute capability, which fails on a machine without one.
+Launchers cast scalars to the arrays' dtype and require C-contiguous arrays, so what runs is the
+specialisation the PTX report compiled.
 """
 from dataclasses import dataclass
 from typing import Callable
@@ -61,7 +68,7 @@ class _SharedFunction:
     def __init__(self, fn):
         self.py_func = fn
         self.cpu = njit(inline="always", cache=False)(fn)
-        self.cuda = cuda.jit(device=True, inline=True)(fn)
+        self.cuda = cuda.jit(device=True, inline="always")(fn)
         self.__doc__ = fn.__doc__
         self.__name__ = fn.__name__
 

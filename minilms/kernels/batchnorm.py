@@ -1,0 +1,230 @@
+"""Batch normalisation over NCHW, per channel (``[N, C]`` works too: it is ``H = W = 1``).
+
+Shapes: ``x``, ``y``, ``dy``, ``dx`` ``[N, C, H, W]`` or ``[N, C]``; every per-channel array
+(``gamma``, ``beta``, ``mean``, ``invstd``, ``running_mean``, ``running_var``, ``dgamma``,
+``dbeta``) is ``[C]``. ``M = N*H*W`` values per channel. Training forward, per channel::
+
+    mean   = sum(x) / M
+    var    = sum((x - mean)^2) / M                    (biased: used to normalise)
+    invstd = 1 / sqrt(var + eps)
+    y      = (x - mean) * invstd * gamma + beta
+    running_mean = (1 - momentum) * running_mean + momentum * mean
+    running_var  = (1 - momentum) * running_var  + momentum * sum((x - mean)^2) / (M - 1)
+
+(unbiased in the running variance: ``torch.nn.BatchNorm2d``'s formulation, momentum 0.1 there).
+``mean`` and ``invstd`` are saved for backward. Inference uses the running statistics::
+
+    y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta
+
+Backward (training mode), with ``xhat = (x - mean) * invstd``::
+
+    dbeta  = sum(dy)            dgamma = sum(dy * xhat)          (overwritten, not accumulated)
+    dx     = gamma * invstd * (dy - dbeta / M - xhat * dgamma / M)
+
+Sums: the variance is two-pass (no cancellation of ``E[x^2] - E[x]^2``). CUDA: one block per
+channel, fixed-order tree reductions, deterministic. CPU: sequential per channel in float64, which
+the CPU pays little for and which keeps large ``M`` accurate.
+"""
+import math
+
+from numba import cuda, njit, prange
+
+from .elementwise import block_sum, launch, view
+from .registry import cuda_kernel, grid_1d, on_cpu
+
+__all__ = ["batchnorm_forward_train", "batchnorm_forward_inference", "batchnorm_backward"]
+
+THREADS = 256   # one block per channel
+
+_A = (("float32[:, :, ::1]", "float32[::1]", "float32"), ("float64[:, :, ::1]", "float64[::1]", "float64"))
+
+
+def _sigs(pattern):
+    return [pattern.replace("X", x).replace("V", v).replace("S", s) for x, v, s in _A]
+
+
+def _nchw(x):
+    """``x`` viewed as ``[N, C, H*W]``."""
+    n, c = x.shape[:2]
+    return view(x, n, c, x.size // (n * c) if n * c else 0)
+
+
+def _channels(c, *arrays):
+    for a in arrays:
+        if a.size != c:
+            raise ValueError(f"per-channel array of shape {a.shape} for {c} channels")
+    return [view(a, c) for a in arrays]
+
+
+@cuda_kernel(*_sigs("void(X, V, V, X, V, V, V, V, S, S)"), block=THREADS)
+def forward_train_cuda(x, gamma, beta, y, mean, invstd, running_mean, running_var, momentum, eps):
+    buf = cuda.shared.array(THREADS, dtype=x.dtype)
+    t = cuda.threadIdx.x
+    n_, c_, hw = x.shape
+    m = n_ * hw
+    zero, one = x.dtype.type(0), x.dtype.type(1)
+    for c in range(cuda.blockIdx.x, c_, cuda.gridDim.x):
+        acc = zero
+        for i in range(t, m, THREADS):
+            acc += x[i // hw, c, i % hw]
+        buf[t] = acc
+        mu = block_sum(buf, t) / x.dtype.type(m)
+        acc = zero
+        for i in range(t, m, THREADS):
+            d = x[i // hw, c, i % hw] - mu
+            acc += d * d
+        buf[t] = acc
+        ssd = block_sum(buf, t)
+        inv = one / math.sqrt(ssd / x.dtype.type(m) + eps)
+        g = gamma[c] * inv
+        b = beta[c]
+        for i in range(t, m, THREADS):
+            y[i // hw, c, i % hw] = (x[i // hw, c, i % hw] - mu) * g + b
+        if t == 0:
+            mean[c] = mu
+            invstd[c] = inv
+            running_mean[c] = (one - momentum) * running_mean[c] + momentum * mu
+            running_var[c] = (one - momentum) * running_var[c] + momentum * (ssd / x.dtype.type(m - 1))
+
+
+@njit(parallel=True, cache=True)
+def forward_train_cpu(x, gamma, beta, y, mean, invstd, running_mean, running_var, momentum, eps):
+    n_, c_, hw = x.shape
+    m = n_ * hw
+    one = x.dtype.type(1)
+    for c in prange(c_):
+        acc = 0.0
+        for n in range(n_):
+            for j in range(hw):
+                acc += x[n, c, j]
+        mu64 = acc / m
+        acc = 0.0
+        for n in range(n_):
+            for j in range(hw):
+                d = x[n, c, j] - mu64
+                acc += d * d
+        mu = x.dtype.type(mu64)
+        inv = x.dtype.type(1.0 / math.sqrt(acc / m + eps))
+        g = gamma[c] * inv
+        for n in range(n_):
+            for j in range(hw):
+                y[n, c, j] = (x[n, c, j] - mu) * g + beta[c]
+        mean[c] = mu
+        invstd[c] = inv
+        running_mean[c] = (one - momentum) * running_mean[c] + momentum * mu
+        running_var[c] = (one - momentum) * running_var[c] + momentum * x.dtype.type(acc / (m - 1))
+
+
+def batchnorm_forward_train(x, gamma, beta, y, mean, invstd, running_mean, running_var,
+                            momentum=0.1, eps=1e-5, stream=None):
+    """Normalise with batch statistics, save ``mean``/``invstd`` (``[C]``) for backward and update
+    the running statistics in place. ``y`` may be ``x``."""
+    c = x.shape[1]
+    x3, y3 = _nchw(x), _nchw(y)
+    if x3.size // c < 2:
+        raise ValueError("batch norm in training needs more than one value per channel")
+    t = x3.dtype.type
+    args = (x3, *_channels(c, gamma, beta), y3,
+            *_channels(c, mean, invstd, running_mean, running_var), t(momentum), t(eps))
+    if on_cpu(x):
+        forward_train_cpu(*args)
+    else:
+        launch(forward_train_cuda, min(c, 65535), THREADS, stream)(*args)
+
+
+@cuda_kernel(*_sigs("void(X, V, V, V, V, X, S)"))
+def forward_inference_cuda(x, gamma, beta, running_mean, running_var, y, eps):
+    _, c_, hw = x.shape
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        c = (i // hw) % c_
+        n, j = i // (hw * c_), i % hw
+        inv = x.dtype.type(1) / math.sqrt(running_var[c] + eps)
+        y[n, c, j] = (x[n, c, j] - running_mean[c]) * (gamma[c] * inv) + beta[c]
+
+
+@njit(parallel=True, cache=True)
+def forward_inference_cpu(x, gamma, beta, running_mean, running_var, y, eps):
+    n_, c_, hw = x.shape
+    for plane in prange(n_ * c_):
+        n, c = plane // c_, plane % c_
+        inv = x.dtype.type(1) / math.sqrt(running_var[c] + eps)
+        g = gamma[c] * inv
+        for j in range(hw):
+            y[n, c, j] = (x[n, c, j] - running_mean[c]) * g + beta[c]
+
+
+def batchnorm_forward_inference(x, gamma, beta, running_mean, running_var, y, eps=1e-5,
+                                stream=None):
+    """Normalise with the running statistics; nothing is updated. ``y`` may be ``x``."""
+    c = x.shape[1]
+    x3, y3 = _nchw(x), _nchw(y)
+    args = (x3, *_channels(c, gamma, beta, running_mean, running_var), y3, x3.dtype.type(eps))
+    if on_cpu(x):
+        forward_inference_cpu(*args)
+    else:
+        launch(forward_inference_cuda, *grid_1d(x3.size), stream)(*args)
+
+
+@cuda_kernel(*_sigs("void(X, X, V, V, V, X, V, V)"), block=THREADS)
+def backward_cuda(x, dy, gamma, mean, invstd, dx, dgamma, dbeta):
+    buf = cuda.shared.array(THREADS, dtype=x.dtype)
+    t = cuda.threadIdx.x
+    n_, c_, hw = x.shape
+    m = n_ * hw
+    zero = x.dtype.type(0)
+    for c in range(cuda.blockIdx.x, c_, cuda.gridDim.x):
+        mu, inv = mean[c], invstd[c]
+        acc = zero
+        for i in range(t, m, THREADS):
+            acc += dy[i // hw, c, i % hw]
+        buf[t] = acc
+        sum_dy = block_sum(buf, t)
+        acc = zero
+        for i in range(t, m, THREADS):
+            acc += dy[i // hw, c, i % hw] * ((x[i // hw, c, i % hw] - mu) * inv)
+        buf[t] = acc
+        sum_dy_xhat = block_sum(buf, t)
+        a = sum_dy / x.dtype.type(m)
+        b = sum_dy_xhat / x.dtype.type(m)
+        g = gamma[c] * inv
+        for i in range(t, m, THREADS):
+            n, j = i // hw, i % hw
+            dx[n, c, j] = g * (dy[n, c, j] - a - (x[n, c, j] - mu) * inv * b)
+        if t == 0:
+            dgamma[c] = sum_dy_xhat
+            dbeta[c] = sum_dy
+
+
+@njit(parallel=True, cache=True)
+def backward_cpu(x, dy, gamma, mean, invstd, dx, dgamma, dbeta):
+    n_, c_, hw = x.shape
+    m = n_ * hw
+    for c in prange(c_):
+        mu, inv = mean[c], invstd[c]
+        s_dy = 0.0
+        s_dy_xhat = 0.0
+        for n in range(n_):
+            for j in range(hw):
+                s_dy += dy[n, c, j]
+                s_dy_xhat += dy[n, c, j] * ((x[n, c, j] - mu) * inv)
+        a = x.dtype.type(s_dy / m)
+        b = x.dtype.type(s_dy_xhat / m)
+        g = gamma[c] * inv
+        for n in range(n_):
+            for j in range(hw):
+                dx[n, c, j] = g * (dy[n, c, j] - a - (x[n, c, j] - mu) * inv * b)
+        dgamma[c] = s_dy_xhat
+        dbeta[c] = s_dy
+
+
+def batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, stream=None):
+    """``dx``, ``dgamma``, ``dbeta`` of a training-mode forward, from its input ``x`` and its saved
+    ``mean``/``invstd``. ``dx`` may be ``dy`` (or ``x``): the sums are complete before any ``dx``
+    is written, and each element is then read and written by the same thread."""
+    c = x.shape[1]
+    x3, dy3, dx3 = _nchw(x), _nchw(dy), _nchw(dx)
+    args = (x3, dy3, *_channels(c, gamma, mean, invstd), dx3, *_channels(c, dgamma, dbeta))
+    if on_cpu(x):
+        backward_cpu(*args)
+    else:
+        launch(backward_cuda, min(c, 65535), THREADS, stream)(*args)

@@ -1,0 +1,310 @@
+"""Elementwise kernels: ReLU, axpby / weighted sums, scale, fill, dropout, accumulate.
+
+Every launcher works on C-contiguous arrays of any shape (they are viewed flat) and of float32 or
+float64; scalars are cast to the array's dtype before the call, so float32 data is never computed
+in float64 (on a GPU that would be slow, and it is not what the PTX report checks). Outputs may
+alias inputs (``out is x`` is fine): each element is read before it is written, by the same thread.
+
+The module also holds the small helpers the other families share: ``launch`` (a launch
+configuration with an optional stream), ``view`` (a checked reshape) and ``block_sum`` /
+``block_max`` (deterministic shared-memory tree reductions inside one CUDA block).
+"""
+import numpy as np
+from numba import cuda, njit, prange
+
+from .registry import cuda_kernel, grid_1d, on_cpu
+
+__all__ = ["relu_forward", "relu_backward", "axpby", "eltwise_sum", "scale", "fill",
+           "dropout_mask", "dropout_forward", "dropout_backward", "accumulate",
+           "launch", "view", "block_sum", "block_max"]
+
+_F1 = ("float32[::1]", "float64[::1]")
+_SCALAR = {"float32[::1]": "float32", "float64[::1]": "float64"}
+
+
+def _sigs(pattern: str) -> list[str]:
+    """One signature per float dtype: ``A`` stands for the 1-d array type, ``S`` for its scalar."""
+    return [pattern.replace("A", a).replace("S", _SCALAR[a]) for a in _F1]
+
+
+# ---------------------------------------------------------------- helpers shared by the families
+
+def launch(kernel, blocks, threads, stream=None):
+    """``kernel[blocks, threads]``, on ``stream`` when one is given."""
+    return kernel[blocks, threads] if stream is None else kernel[blocks, threads, stream]
+
+
+def view(array, *shape):
+    """``array`` reshaped without a copy; refuses non-contiguous arrays, whose reshape would copy
+    (for numpy silently, so the kernel's writes would be lost)."""
+    contiguous = array.flags.c_contiguous if on_cpu(array) else array.is_c_contiguous()
+    if not contiguous:
+        raise ValueError("minilms kernels need C-contiguous arrays")
+    return array.reshape(*shape)
+
+
+def _flat(*arrays):
+    n = arrays[0].size
+    for a in arrays[1:]:
+        if a.size != n:
+            raise ValueError(f"size mismatch: {a.size} != {n}")
+    return [view(a, n) for a in arrays]
+
+
+@cuda.jit(device=True, inline="always")  # IR-inlined: compile_ptx needs no GPU
+def block_sum(buf, t):
+    """Sum of ``buf`` (a shared array whose length is a power of two, one slot per thread of the
+    block, already filled) by a fixed-order tree: run to run bit-identical, unlike float atomics.
+    Every thread of the block must call it; every thread gets the total, and ``buf`` may be
+    refilled as soon as it returns."""
+    cuda.syncthreads()
+    s = buf.size // 2
+    while s > 0:
+        if t < s:
+            buf[t] += buf[t + s]
+        cuda.syncthreads()
+        s //= 2
+    total = buf[0]
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit(device=True, inline="always")  # IR-inlined: compile_ptx needs no GPU
+def block_max(buf, t):
+    """Like ``block_sum`` with max (NaN propagates from any slot)."""
+    cuda.syncthreads()
+    s = buf.size // 2
+    while s > 0:
+        if t < s:
+            other = buf[t + s]
+            if other > buf[t] or other != other:
+                buf[t] = other
+        cuda.syncthreads()
+        s //= 2
+    total = buf[0]
+    cuda.syncthreads()
+    return total
+
+
+# ---------------------------------------------------------------- ReLU
+
+@cuda_kernel(*_sigs("void(A, A)"))
+def relu_forward_cuda(x, y):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        v = x[i]
+        if v <= 0:   # written as a branch so NaN passes through, as in PyTorch
+            y[i] = 0
+        else:
+            y[i] = v
+
+
+@njit(parallel=True, cache=True)
+def relu_forward_cpu(x, y):
+    for i in prange(x.size):
+        v = x[i]
+        if v <= 0:
+            y[i] = 0
+        else:
+            y[i] = v
+
+
+@cuda_kernel(*_sigs("void(A, A, A)"))
+def relu_backward_cuda(y, dy, dx):
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        if y[i] <= 0:
+            dx[i] = 0
+        else:
+            dx[i] = dy[i]
+
+
+@njit(parallel=True, cache=True)
+def relu_backward_cpu(y, dy, dx):
+    for i in prange(y.size):
+        if y[i] <= 0:
+            dx[i] = 0
+        else:
+            dx[i] = dy[i]
+
+
+def relu_forward(x, y, stream=None):
+    """``y = max(x, 0)`` elementwise (NaN stays NaN); ``y`` may be ``x`` (in place)."""
+    x, y = _flat(x, y)
+    if on_cpu(x):
+        relu_forward_cpu(x, y)
+    else:
+        launch(relu_forward_cuda, *grid_1d(x.size), stream)(x, y)
+
+
+def relu_backward(y, dy, dx, stream=None):
+    """``dx = dy * (y > 0)`` from the forward OUTPUT ``y`` (the input ``x`` works as well: ``y > 0``
+    exactly when ``x > 0``), so an in-place forward can drop ``x``. The gradient at exactly 0 is 0.
+    ``dx`` may be ``dy``."""
+    y, dy, dx = _flat(y, dy, dx)
+    if on_cpu(y):
+        relu_backward_cpu(y, dy, dx)
+    else:
+        launch(relu_backward_cuda, *grid_1d(y.size), stream)(y, dy, dx)
+
+
+# ---------------------------------------------------------------- axpby, scale, fill
+
+@cuda_kernel(*_sigs("void(S, A, S, A, A)"))
+def axpby_cuda(a, x, b, y, out):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        out[i] = a * x[i] + b * y[i]
+
+
+@njit(parallel=True, cache=True)
+def axpby_cpu(a, x, b, y, out):
+    for i in prange(x.size):
+        out[i] = a * x[i] + b * y[i]
+
+
+def axpby(a, x, b, y, out, stream=None):
+    """``out = a*x + b*y`` elementwise; ``out`` may be ``x`` or ``y``. IEEE throughout: ``b = 0``
+    still reads ``y`` (0 * NaN is NaN); to overwrite, use ``scale``."""
+    x, y, out = _flat(x, y, out)
+    t = x.dtype.type
+    if on_cpu(x):
+        axpby_cpu(t(a), x, t(b), y, out)
+    else:
+        launch(axpby_cuda, *grid_1d(x.size), stream)(t(a), x, t(b), y, out)
+
+
+def eltwise_sum(xs, out, coeffs=None, stream=None):
+    """``out = sum_i coeffs[i] * xs[i]`` (coefficients default to 1), as a chain of ``axpby``:
+    ``((c0*x0 + c1*x1) + c2*x2) + ...``, a fixed order, so the result is deterministic.
+    ``out`` may be ``xs[0]`` or ``xs[1]`` but no later input (it is overwritten first)."""
+    if not xs:
+        raise ValueError("eltwise_sum needs at least one input")
+    coeffs = [1.0] * len(xs) if coeffs is None else list(coeffs)
+    if len(coeffs) != len(xs):
+        raise ValueError(f"{len(xs)} inputs but {len(coeffs)} coefficients")
+    if len(xs) == 1:
+        scale(xs[0], coeffs[0], out, stream)
+        return
+    axpby(coeffs[0], xs[0], coeffs[1], xs[1], out, stream)
+    for x, c in zip(xs[2:], coeffs[2:]):
+        axpby(1.0, out, c, x, out, stream)
+
+
+@cuda_kernel(*_sigs("void(A, S, A)"))
+def scale_cuda(x, alpha, out):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        out[i] = alpha * x[i]
+
+
+@njit(parallel=True, cache=True)
+def scale_cpu(x, alpha, out):
+    for i in prange(x.size):
+        out[i] = alpha * x[i]
+
+
+def scale(x, alpha, out, stream=None):
+    """``out = alpha * x``; ``out`` may be ``x``."""
+    x, out = _flat(x, out)
+    if on_cpu(x):
+        scale_cpu(x, x.dtype.type(alpha), out)
+    else:
+        launch(scale_cuda, *grid_1d(x.size), stream)(x, x.dtype.type(alpha), out)
+
+
+@cuda_kernel(*_sigs("void(A, S)"))
+def fill_cuda(out, value):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = value
+
+
+@njit(parallel=True, cache=True)
+def fill_cpu(out, value):
+    for i in prange(out.size):
+        out[i] = value
+
+
+def fill(out, value, stream=None):
+    """``out[...] = value``."""
+    (out,) = _flat(out)
+    if on_cpu(out):
+        fill_cpu(out, out.dtype.type(value))
+    else:
+        launch(fill_cuda, *grid_1d(out.size), stream)(out, out.dtype.type(value))
+
+
+# ---------------------------------------------------------------- dropout
+
+def dropout_mask(rng: np.random.Generator, shape, p: float, out=None) -> np.ndarray:
+    """Host-side keep mask (uint8, 1 = keep with probability ``1 - p``) from a seeded numpy
+    Generator, so the ``cpu`` and ``cuda`` devices drop exactly the same elements. uint8 rather than
+    the uniforms themselves: the mask is kept for backward, and is a quarter of a float32's size."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    if out is None:
+        out = np.empty(shape, np.uint8)
+    np.greater_equal(rng.random(out.shape), p, out=out, casting="unsafe")
+    return out
+
+
+def _dropout_scale(p: float, dtype):
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    return dtype.type(0.0 if p == 1.0 else 1.0 / (1.0 - p))  # p = 1: every mask entry is 0
+
+
+@cuda_kernel("void(float32[::1], uint8[::1], float32, float32[::1])",
+             "void(float64[::1], uint8[::1], float64, float64[::1])")
+def dropout_cuda(x, mask, s, out):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        if mask[i] != 0:
+            out[i] = x[i] * s
+        else:
+            out[i] = 0
+
+
+@njit(parallel=True, cache=True)
+def dropout_cpu(x, mask, s, out):
+    for i in prange(x.size):
+        if mask[i] != 0:
+            out[i] = x[i] * s
+        else:
+            out[i] = 0
+
+
+def dropout_forward(x, mask, p, out, stream=None):
+    """``out = x * mask / (1 - p)`` (inverted dropout: inference is the identity). ``mask`` is the
+    uint8 keep mask from ``dropout_mask``, same size as ``x``; ``out`` may be ``x``. ``p = 1`` gives
+    zeros."""
+    x, mask, out = _flat(x, mask, out)
+    s = _dropout_scale(p, x.dtype)
+    if on_cpu(x):
+        dropout_cpu(x, mask, s, out)
+    else:
+        launch(dropout_cuda, *grid_1d(x.size), stream)(x, mask, s, out)
+
+
+def dropout_backward(dy, mask, p, dx, stream=None):
+    """``dx = dy * mask / (1 - p)``: the forward map is linear, so backward is the same kernel."""
+    dropout_forward(dy, mask, p, dx, stream)
+
+
+# ---------------------------------------------------------------- accumulate
+
+@cuda_kernel(*_sigs("void(A, A)"))
+def accumulate_cuda(dst, src):
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        dst[i] += src[i]
+
+
+@njit(parallel=True, cache=True)
+def accumulate_cpu(dst, src):
+    for i in prange(dst.size):
+        dst[i] += src[i]
+
+
+def accumulate(dst, src, stream=None):
+    """``dst += src``: gradient accumulation where a blob feeds several layers of a DAG. The order of
+    the calls fixes the order of the sums, so the result is deterministic."""
+    dst, src = _flat(dst, src)
+    if on_cpu(dst):
+        accumulate_cpu(dst, src)
+    else:
+        launch(accumulate_cuda, *grid_1d(dst.size), stream)(dst, src)

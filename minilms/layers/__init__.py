@@ -1,0 +1,8 @@
+"""Layers, one per file. Importing this package registers every layer type in ``LAYERS``.
+
+Adding a layer touches three places: its file here, its import below, and its test.
+"""
+from .base import LAYERS, BufferSpec, Layer, ParamSpec, ShapeError, StepIO, register
+from . import concat, eltwise, flatten, relu  # noqa: F401  (registration)
+
+__all__ = ["LAYERS", "Layer", "ParamSpec", "BufferSpec", "ShapeError", "StepIO", "register"]

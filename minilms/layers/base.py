@@ -1,0 +1,142 @@
+"""The layer interface: shapes, parameters, and what each step reads, writes and keeps.
+
+A layer never allocates device memory. It declares everything it needs, and whoever runs it (the
+net's executor, or ``LayerRun`` in tests and notebooks) places those blobs in the pool:
+
+    setup(bottom_shapes) -> top_shapes   shape inference, once per input shape
+    params()      learnable parameters (and running statistics), in PyTorch layouts
+    saved()       buffers forward writes and backward reads (max-pool argmax, dropout mask, ...)
+    workspace()   scratch for one step (im2col columns, ...); bounded, never batch-proportional
+    backward_reads  which forward blobs backward needs ("bottom", "top"): what LMS must keep
+
+``forward(io)`` and ``backward(io)`` receive a ``StepIO``: device arrays for every declared blob.
+Backward *overwrites* the bottom and parameter gradients; the net sums gradients where a blob feeds
+several layers.
+"""
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from ..errors import MinilmsError
+
+LAYERS: dict[str, type["Layer"]] = {}
+
+
+def register(cls):
+    """Class decorator: make a layer available to configs under ``cls.type``."""
+    if cls.type in LAYERS:
+        raise ValueError(f"layer type {cls.type} registered twice")
+    LAYERS[cls.type] = cls
+    return cls
+
+
+class ShapeError(MinilmsError):
+    """An impossible shape: names the layer, the input, what was expected and what was found."""
+
+    def __init__(self, layer: "Layer", what: str, expected: str, found):
+        super().__init__(f"layer {layer.name} ({layer.type}): {what}: expected {expected}, "
+                         f"found {found}")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str                 # "weight", "bias", "running_mean", ...
+    shape: tuple
+    init: str = "zeros"       # "he", "xavier", "zeros", "ones"
+    fan_in: int = 1
+    fan_out: int = 1
+    learnable: bool = True    # False: state kept and checkpointed, but no gradient (BN running stats)
+
+    def initial(self, rng: np.random.Generator, dtype=np.float32) -> np.ndarray:
+        if self.init == "zeros":
+            return np.zeros(self.shape, dtype)
+        if self.init == "ones":
+            return np.ones(self.shape, dtype)
+        if self.init == "he":  # Kaiming normal, fan_in, for ReLU nets
+            std = np.sqrt(2.0 / self.fan_in)
+        elif self.init == "xavier":  # Glorot uniform, as a normal of the same variance
+            std = np.sqrt(2.0 / (self.fan_in + self.fan_out))
+        else:
+            raise ValueError(f"unknown initialiser {self.init!r} for parameter {self.name}")
+        return (rng.standard_normal(self.shape) * std).astype(dtype)
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    name: str
+    shape: tuple
+    dtype: np.dtype = np.dtype(np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class StepIO:
+    """The device arrays one step works on, by role. Gradients are ``None`` where not wanted."""
+    bottom: list
+    top: list
+    params: dict = field(default_factory=dict)
+    saved: dict = field(default_factory=dict)
+    work: dict = field(default_factory=dict)
+    top_grad: list = field(default_factory=list)
+    bottom_grad: list = field(default_factory=list)
+    param_grad: dict = field(default_factory=dict)
+    train: bool = True
+    rng: np.random.Generator | None = None   # host RNG: both devices draw the same numbers
+    stream: object = None                     # the compute stream kernels launch on
+
+
+class Layer:
+    type: ClassVar[str] = ""
+    bottoms: ClassVar[tuple[int, int]] = (1, 1)   # how many bottoms: (at least, at most)
+    tops: ClassVar[int] = 1
+    backward_reads: ClassVar[frozenset] = frozenset({"bottom"})
+    has_backward: ClassVar[bool] = True
+    is_loss: ClassVar[bool] = False
+
+    def __init__(self, name: str, bottom: list[str], top: list[str]):
+        self.name, self.bottom, self.top = name, list(bottom), list(top)
+        low, high = self.bottoms
+        if not low <= len(self.bottom) <= high:
+            count = f"{low}" if low == high else f"{low} to {high}"
+            raise ShapeError(self, "bottoms", f"{count} bottom blob(s)", len(self.bottom))
+        if len(self.top) != self.tops:
+            raise ShapeError(self, "tops", f"{self.tops} top blob(s)", len(self.top))
+        self.bottom_shapes: list[tuple] = []
+        self.top_shapes: list[tuple] = []
+
+    def setup(self, bottom_shapes: list[tuple]) -> list[tuple]:
+        self.bottom_shapes = [tuple(s) for s in bottom_shapes]
+        self.top_shapes = [tuple(s) for s in self.infer(self.bottom_shapes)]
+        return self.top_shapes
+
+    def infer(self, bottom_shapes: list[tuple]) -> list[tuple]:
+        raise NotImplementedError
+
+    def params(self) -> list[ParamSpec]:
+        return []
+
+    def saved(self) -> list[BufferSpec]:
+        return []
+
+    def workspace(self) -> list[BufferSpec]:
+        return []
+
+    def forward(self, io: StepIO) -> None:
+        raise NotImplementedError
+
+    def backward(self, io: StepIO) -> None:
+        raise NotImplementedError
+
+    # -- helpers for subclasses ------------------------------------------------------------------
+    def expect_rank(self, index: int, shape: tuple, ranks: tuple[int, ...]) -> None:
+        if len(shape) not in ranks:
+            want = " or ".join(f"{r}-d" for r in ranks)
+            raise ShapeError(self, f"bottom {index} ({self.bottom[index]})", f"a {want} shape",
+                             shape)
+
+    def __repr__(self) -> str:
+        return f"<{self.type} {self.name}: {self.bottom} -> {self.top}>"

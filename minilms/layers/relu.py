@@ -1,0 +1,23 @@
+"""ReLU: ``top = max(bottom, 0)``, any shape to the same shape.
+
+Backward: ``dbottom = dtop * (top > 0)``. It reads the *output*, so an in-place ReLU (top named as
+its bottom) needs nothing else kept: the planner drops the input.
+"""
+from ..kernels.elementwise import relu_backward, relu_forward
+from .base import Layer, register
+
+
+@register
+class ReLU(Layer):
+    type = "ReLU"
+    backward_reads = frozenset({"top"})
+
+    def infer(self, bottom_shapes):
+        return [bottom_shapes[0]]
+
+    def forward(self, io):
+        relu_forward(io.bottom[0], io.top[0], io.stream)
+
+    def backward(self, io):
+        if io.bottom_grad[0] is not None:
+            relu_backward(io.top[0], io.top_grad[0], io.bottom_grad[0], io.stream)

@@ -1,0 +1,84 @@
+"""``LayerRun``: one layer on a device with every blob it declares resident in the pool.
+
+For tests, notebooks and the gradient checker; the net's executor does the same with a plan.
+Values go in and come out as host numpy arrays.
+"""
+import numpy as np
+
+from ..blob import Blob
+from .base import Layer, StepIO
+
+
+class LayerRun:
+    def __init__(self, device, layer: Layer, bottom_shapes, dtype=np.float32, seed: int = 0,
+                 bottom_dtypes=None):
+        self.device, self.layer, self.seed = device, layer, seed
+        top_shapes = layer.setup(bottom_shapes)
+        bottom_dtypes = bottom_dtypes or [dtype] * len(bottom_shapes)
+        name = layer.name
+
+        def blob(label, shape, role, blob_dtype=dtype):
+            return Blob(device, f"{name}.{label}", shape, blob_dtype, role)
+
+        self.bottom = [blob(f"bottom{i}", s, "input", d)
+                       for i, (s, d) in enumerate(zip(bottom_shapes, bottom_dtypes))]
+        self.top = [blob(f"top{i}", s, "activation") for i, s in enumerate(top_shapes)]
+        self.specs = {p.name: p for p in layer.params()}
+        self.params = {p.name: blob(p.name, p.shape, "param") for p in self.specs.values()}
+        self.param_grad = {p.name: blob(f"{p.name}.grad", p.shape, "param_grad")
+                           for p in self.specs.values() if p.learnable}
+        self.saved = {b.name: blob(b.name, b.shape, "activation", b.dtype) for b in layer.saved()}
+        self.work = {b.name: blob(b.name, b.shape, "workspace", b.dtype)
+                     for b in layer.workspace()}
+        self.top_grad = [blob(f"top{i}.grad", s, "activation_grad") for i, s in enumerate(top_shapes)]
+        self.bottom_grad = [blob(f"bottom{i}.grad", s, "activation_grad")
+                            for i, s in enumerate(bottom_shapes)]
+        rng = np.random.default_rng(seed)
+        for spec in self.specs.values():
+            self.params[spec.name].mutable_host_data()[...] = spec.initial(rng, dtype)
+
+    def set_param(self, name: str, value) -> None:
+        self.params[name].mutable_host_data()[...] = value
+
+    def param(self, name: str) -> np.ndarray:
+        return self.params[name].host_data().copy()
+
+    def forward(self, bottoms, train: bool = True) -> list[np.ndarray]:
+        for blob, value in zip(self.bottom, bottoms):
+            blob.mutable_host_data()[...] = value
+        io = StepIO(bottom=[b.device_data() for b in self.bottom],
+                    top=[t.mutable_device_data(overwrite=True) for t in self.top],
+                    params={k: b.mutable_device_data() for k, b in self.params.items()},
+                    saved={k: b.mutable_device_data(overwrite=True) for k, b in self.saved.items()},
+                    work={k: b.mutable_device_data(overwrite=True) for k, b in self.work.items()},
+                    train=train, rng=np.random.default_rng(self.seed),
+                    stream=self.device.compute_stream if self.device.kind == "cuda" else None)
+        self.layer.forward(io)
+        self.device.synchronize()
+        return [t.host_data().copy() for t in self.top]
+
+    def backward(self, top_grads, propagate_down=None):
+        """Gradients for ``top_grads``: (bottom gradients, with None where not propagated, and
+        parameter gradients by name). Call after ``forward``."""
+        propagate_down = propagate_down or [True] * len(self.bottom)
+        for blob, value in zip(self.top_grad, top_grads):
+            blob.mutable_host_data()[...] = value
+        # Forward blobs the layer did not declare in backward_reads are withheld, as LMS would
+        # have dropped them: a layer that reads one anyway fails here, in its own test.
+        reads = self.layer.backward_reads
+        io = StepIO(bottom=[b.device_data() if "bottom" in reads else None for b in self.bottom],
+                    top=[t.device_data() if "top" in reads else None for t in self.top],
+                    params={k: b.device_data() for k, b in self.params.items()},
+                    saved={k: b.device_data() for k, b in self.saved.items()},
+                    work={k: b.mutable_device_data(overwrite=True) for k, b in self.work.items()},
+                    top_grad=[g.device_data() for g in self.top_grad],
+                    bottom_grad=[g.mutable_device_data(overwrite=True) if down else None
+                                 for g, down in zip(self.bottom_grad, propagate_down)],
+                    param_grad={k: g.mutable_device_data(overwrite=True)
+                                for k, g in self.param_grad.items()},
+                    stream=self.device.compute_stream if self.device.kind == "cuda" else None)
+        self.layer.backward(io)
+        self.device.synchronize()
+        bottom = [g.host_data().copy() if down else None
+                  for g, down in zip(self.bottom_grad, propagate_down)]
+        return bottom, {k: g.host_data().copy() for k, g in self.param_grad.items()}

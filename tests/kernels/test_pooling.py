@@ -1,0 +1,229 @@
+"""Pooling kernels: CPU against naive loops and numerical gradients, CUDA against CPU, and torch."""
+import numpy as np
+import pytest
+
+from minilms.kernels import pooling as pl
+
+# (H, W, kernel, stride, pad, ceil_mode): square and non-square, overlapping windows, padding,
+# and ceil-mode shapes whose last window hangs over the padding
+CONFIGS = [
+    (6, 6, 2, 2, 0, False),
+    (7, 5, 3, 2, 1, False),
+    (5, 6, 3, 1, 1, False),
+    (7, 8, (3, 2), (2, 1), (1, 0), False),
+    (6, 7, 3, 2, 0, True),
+    (8, 8, 3, 2, 1, True),
+]
+
+
+def on_cuda(launcher, *args, **kwargs):
+    from numba import cuda
+    dev = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+    launcher(*dev, **kwargs)
+    return [d.copy_to_host() if hasattr(d, "copy_to_host") else d for d in dev]
+
+
+def pair(v):
+    return (v, v) if isinstance(v, int) else v
+
+
+def out_shape(x, k, s, p, ceil):
+    return x.shape[:2] + tuple(pl.pool_output_size(x.shape[2 + a], pair(k)[a], pair(s)[a],
+                                                   pair(p)[a], ceil) for a in (0, 1))
+
+
+def naive_windows(h, w, ho, wo, k, s, p):
+    """Yield (oh, ow, real (h, w) list, padded-window area clipped to [-p, size + p))."""
+    (kh, kw), (sh, sw), (ph, pw) = pair(k), pair(s), pair(p)
+    for oh in range(ho):
+        for ow in range(wo):
+            hs, ws = oh * sh - ph, ow * sw - pw
+            area = (min(hs + kh, h + ph) - hs) * (min(ws + kw, w + pw) - ws)
+            cells = [(i, j) for i in range(hs, hs + kh) for j in range(ws, ws + kw)
+                     if 0 <= i < h and 0 <= j < w]
+            yield oh, ow, cells, area
+
+
+def naive_max(x, k, s, p, ceil):
+    y = np.zeros(out_shape(x, k, s, p, ceil))
+    arg = np.zeros(y.shape, np.int32)
+    for n in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            for oh, ow, cells, _ in naive_windows(*x.shape[2:], *y.shape[2:], k, s, p):
+                vals = [x[n, c, i, j] for i, j in cells]
+                best = int(np.argmax(vals))             # numpy's argmax: first maximum
+                y[n, c, oh, ow] = vals[best]
+                arg[n, c, oh, ow] = cells[best][0] * x.shape[3] + cells[best][1]
+    return y, arg
+
+
+def naive_avg(x, k, s, p, ceil, include_pad):
+    y = np.zeros(out_shape(x, k, s, p, ceil))
+    for n in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            for oh, ow, cells, area in naive_windows(*x.shape[2:], *y.shape[2:], k, s, p):
+                y[n, c, oh, ow] = sum(x[n, c, i, j] for i, j in cells) / (
+                    area if include_pad else len(cells))
+    return y
+
+
+def numerical_grad(f, x, dy, h=1e-6):
+    """d(sum(f(x) * dy))/dx by central differences."""
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        old = x[i]
+        x[i] = old + h
+        up = np.sum(f(x) * dy)
+        x[i] = old - h
+        down = np.sum(f(x) * dy)
+        x[i] = old
+        g[i] = (up - down) / (2 * h)
+    return g
+
+
+def test_output_size():
+    assert pl.pool_output_size(7, 3, 2, 1) == 4
+    assert pl.pool_output_size(6, 3, 2, 0) == 2
+    assert pl.pool_output_size(6, 3, 2, 0, ceil_mode=True) == 3
+    assert pl.pool_output_size(5, 2, 2, 1, ceil_mode=True) == 3   # last window would start in pad
+    with pytest.raises(ValueError):
+        pl.pool_output_size(5, 3, 1, 2)                            # pad > kernel // 2
+
+
+@pytest.mark.parametrize("h, w, k, s, p, ceil", CONFIGS)
+def test_max_and_avg_pool_cpu_against_naive(h, w, k, s, p, ceil):
+    x = np.random.default_rng(h * w).standard_normal((2, 3, h, w))
+    y = np.empty(out_shape(x, k, s, p, ceil))
+    arg = np.empty(y.shape, np.int32)
+    pl.max_pool_forward(x, y, arg, k, s, p)
+    want_y, want_arg = naive_max(x, k, s, p, ceil)
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(arg, want_arg)
+    for include_pad in (True, False):
+        pl.avg_pool_forward(x, y, k, s, p, include_pad)
+        np.testing.assert_allclose(y, naive_avg(x, k, s, p, ceil, include_pad), rtol=1e-12)
+
+
+def test_max_pool_ties_go_to_first_and_nan_propagates():
+    x = np.ones((1, 1, 4, 4), np.float32)
+    y = np.empty((1, 1, 2, 2), np.float32)
+    arg = np.empty(y.shape, np.int32)
+    pl.max_pool_forward(x, y, arg, 2)
+    np.testing.assert_array_equal(arg[0, 0], [[0, 2], [8, 10]])
+    x[0, 0, 1, 1] = np.nan
+    pl.max_pool_forward(x, y, arg, 2)
+    assert np.isnan(y[0, 0, 0, 0]) and arg[0, 0, 0, 0] == 5
+
+
+@pytest.mark.parametrize("h, w, k, s, p, ceil", [CONFIGS[1], CONFIGS[3], CONFIGS[5]])
+def test_backward_against_numerical_gradient(h, w, k, s, p, ceil):
+    rng = np.random.default_rng(h + w)
+    x = rng.permutation(2 * h * w).reshape(1, 2, h, w) / 7.0  # distinct values: no ties to break
+    shape = out_shape(x, k, s, p, ceil)
+    dy = rng.standard_normal(shape)
+    dx = np.empty_like(x)
+
+    def max_fwd(v):
+        y, arg = np.empty(shape), np.empty(shape, np.int32)
+        pl.max_pool_forward(v, y, arg, k, s, p)
+        return y
+    arg = np.empty(shape, np.int32)
+    pl.max_pool_forward(x, np.empty(shape), arg, k, s, p)
+    pl.max_pool_backward(dy, arg, dx, k, s, p)
+    np.testing.assert_allclose(dx, numerical_grad(max_fwd, x, dy), atol=1e-7)
+
+    for include_pad in (True, False):
+        def avg_fwd(v):
+            y = np.empty(shape)
+            pl.avg_pool_forward(v, y, k, s, p, include_pad)
+            return y
+        pl.avg_pool_backward(dy, dx, k, s, p, include_pad)
+        np.testing.assert_allclose(dx, numerical_grad(avg_fwd, x, dy), atol=1e-7)
+
+
+def test_global_avg_pool_cpu():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 3, 4, 5))
+    y = np.empty((2, 3, 1, 1))
+    pl.global_avg_pool_forward(x, y)
+    np.testing.assert_allclose(y[:, :, 0, 0], x.mean(axis=(2, 3)), rtol=1e-12)
+    dy = rng.standard_normal((2, 3))
+    dx = np.empty_like(x)
+    pl.global_avg_pool_backward(dy, dx)
+    np.testing.assert_allclose(dx, np.broadcast_to(dy[:, :, None, None] / 20, x.shape), rtol=1e-12)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("h, w, k, s, p, ceil", [
+    (7, 9, 2, 1, 0, False),   # y has 2*3*6*8 = 288 elements: one block of 256 and a partial one
+    (7, 9, 3, 2, 1, True),    # x has 378 elements, dx straddles a block edge
+])
+def test_pooling_cuda_matches_cpu(h, w, k, s, p, ceil):
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 3, h, w)).astype(np.float32)
+    x[0, 0, :2, :2] = 1.0                                  # a tie
+    shape = out_shape(x, k, s, p, ceil)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    y, arg, dx = np.empty(shape, np.float32), np.empty(shape, np.int32), np.empty_like(x)
+    pl.max_pool_forward(x, y, arg, k, s, p)
+    gy, garg = on_cuda(pl.max_pool_forward, x, y, arg, k, s, p)[1:3]
+    np.testing.assert_array_equal(gy, y)
+    np.testing.assert_array_equal(garg, arg)
+    pl.max_pool_backward(dy, arg, dx, k, s, p)
+    np.testing.assert_allclose(on_cuda(pl.max_pool_backward, dy, arg, dx, k, s, p)[2], dx, rtol=1e-6)
+    pl.avg_pool_forward(x, y, k, s, p, count_include_pad=ceil)
+    np.testing.assert_allclose(on_cuda(pl.avg_pool_forward, x, y, k, s, p, count_include_pad=ceil)[1],
+                               y, rtol=1e-6)
+    pl.avg_pool_backward(dy, dx, k, s, p, count_include_pad=ceil)
+    np.testing.assert_allclose(on_cuda(pl.avg_pool_backward, dy, dx, k, s, p, count_include_pad=ceil)[1],
+                               dx, rtol=1e-6)
+
+
+@pytest.mark.cuda
+def test_global_avg_pool_cuda_matches_cpu():
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((1, 3, 10, 13)).astype(np.float32)  # 130 per plane: 128 threads + 2
+    y = np.empty((1, 3), np.float32)
+    pl.global_avg_pool_forward(x, y)
+    np.testing.assert_allclose(on_cuda(pl.global_avg_pool_forward, x, y)[1], y, rtol=1e-5)
+    dx = np.empty_like(x)
+    pl.global_avg_pool_backward(y, dx)
+    np.testing.assert_allclose(on_cuda(pl.global_avg_pool_backward, y, dx)[1], dx, rtol=1e-6)
+
+
+@pytest.mark.parametrize("h, w, k, s, p, ceil", CONFIGS)
+def test_against_torch(h, w, k, s, p, ceil):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, h, w))
+    shape = out_shape(x, k, s, p, ceil)
+    dy = rng.standard_normal(shape)
+    y, arg, dx = np.empty(shape), np.empty(shape, np.int32), np.empty_like(x)
+
+    xt = torch.tensor(x, requires_grad=True)
+    yt, it = F.max_pool2d(xt, k, s, p, ceil_mode=ceil, return_indices=True)
+    yt.backward(torch.tensor(dy))
+    pl.max_pool_forward(x, y, arg, k, s, p)
+    pl.max_pool_backward(dy, arg, dx, k, s, p)
+    np.testing.assert_array_equal(y, yt.detach().numpy())
+    np.testing.assert_array_equal(arg, it.numpy())
+    np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-12)
+
+    for include_pad in (True, False):
+        xt = torch.tensor(x, requires_grad=True)
+        yt = F.avg_pool2d(xt, k, s, p, ceil_mode=ceil, count_include_pad=include_pad)
+        yt.backward(torch.tensor(dy))
+        pl.avg_pool_forward(x, y, k, s, p, include_pad)
+        pl.avg_pool_backward(dy, dx, k, s, p, include_pad)
+        np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+    xt = torch.tensor(x, requires_grad=True)
+    yt = F.adaptive_avg_pool2d(xt, 1)
+    yt.backward(torch.tensor(dy[:, :, :1, :1]))
+    g = np.empty((2, 3))
+    pl.global_avg_pool_forward(x, g)
+    pl.global_avg_pool_backward(dy[:, :, 0, 0].copy(), dx)
+    np.testing.assert_allclose(g, yt.detach().numpy()[:, :, 0, 0], rtol=1e-12)
+    np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-12)
