@@ -167,19 +167,23 @@ def ptxas_path() -> str:
                             "a CUDA toolkit's bin/ on PATH")
 
 
-def discover_kernels() -> tuple[dict, dict]:
-    """Import every module of ``minilms.kernels`` and return ``(KERNELS, {module: import error})``.
+KERNEL_PACKAGES = ("minilms.kernels", "minilms.layers")  # families, and layers' own kernels
 
-    Modules are found with pkgutil, so a new kernel family is covered without being listed here.
+
+def discover_kernels() -> tuple[dict, dict]:
+    """Import every module of ``KERNEL_PACKAGES``; return ``(KERNELS, {module: import error})``.
+
+    Modules are found with pkgutil, so a new kernel family, or a layer with a kernel of its own,
+    is covered without being listed here.
     """
-    from . import __path__ as package_path
     from .registry import KERNELS
     failures = {}
-    for module in pkgutil.iter_modules(package_path):
-        try:
-            importlib.import_module(f"{__package__}.{module.name}")
-        except Exception as error:  # reported, so one broken family does not hide the others
-            failures[module.name] = f"{type(error).__name__}: {error}"
+    for package in KERNEL_PACKAGES:
+        for module in pkgutil.iter_modules(importlib.import_module(package).__path__):
+            try:
+                importlib.import_module(f"{package}.{module.name}")
+            except Exception as error:  # reported, so one broken module does not hide the others
+                failures[f"{package}.{module.name}"] = f"{type(error).__name__}: {error}"
     return KERNELS, failures
 
 
