@@ -23,6 +23,9 @@ setup(
     extras_require={
         "cuda": CUDA,
         "test": ["pytest>=7", "hypothesis>=6.80"] + CUDA,
+        # The independent reference for tests (compared where installed) and the benchmarks'
+        # baseline. Not in "test": unpinned, it brings gigabytes of CUDA packages to a CPU machine.
+        "torch": ["torch>=2.1"],
         "mpi": ["mpi4py>=4", "mpich"],
     },
 )
