@@ -17,6 +17,11 @@ One image per call, so the ``col`` workspace never grows with the batch: the cal
 batch. Groups are the caller's too: for group ``g`` of ``G``, pass the channel slice
 ``img[g * C // G:(g + 1) * C // G]`` (still C-contiguous) and its own ``col``.
 
+Bands: ``rows=(r0, r1)`` restricts both to output rows ``r0 <= oh < r1``. ``col`` is then
+``[C * kh * kw, (r1 - r0) * out_w]``, the columns ``r0 * out_w:r1 * out_w`` of the full ``col``,
+and ``col2im`` adds only those columns back. A caller whose full ``col`` would be too large (a
+2240x2240 image) walks the output in bands of rows through a bounded workspace.
+
 CPU: Numba ``njit(parallel=True)``. CUDA: float32 and float64 kernels; arrays must be C-contiguous.
 """
 import numpy as np
@@ -24,7 +29,7 @@ from numba import cuda, njit, prange
 
 from .registry import cuda_kernel, grid_1d, on_cpu, shared
 
-__all__ = ["im2col", "col2im", "conv_out_size", "col_shape"]
+__all__ = ["im2col", "col2im", "conv_out_size", "col_shape", "out_shape"]
 
 
 def _pair(value, name):
@@ -39,9 +44,27 @@ def conv_out_size(size, kernel, stride=1, padding=0, dilation=1) -> int:
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
-def col_shape(img_shape, kernel_size, stride=1, padding=0, dilation=1) -> tuple[int, int]:
-    """Shape of ``col`` for an image of shape ``(C, H, W)``: ``(C * kh * kw, out_h * out_w)``."""
-    return _geometry(img_shape, kernel_size, stride, padding, dilation)[0]
+def col_shape(img_shape, kernel_size, stride=1, padding=0, dilation=1, rows=None) -> tuple[int, int]:
+    """Shape of ``col`` for an image of shape ``(C, H, W)``: ``(C * kh * kw, out_h * out_w)``, or
+    ``(C * kh * kw, (r1 - r0) * out_w)`` for the band ``rows=(r0, r1)`` of output rows."""
+    shape, params = _geometry(img_shape, kernel_size, stride, padding, dilation)
+    r0, r1 = _rows(rows, params[-2])
+    return shape[0], (r1 - r0) * params[-1]
+
+
+def out_shape(img_shape, kernel_size, stride=1, padding=0, dilation=1) -> tuple[int, int]:
+    """``(out_h, out_w)`` for an image of shape ``(C, H, W)``, validated as ``col_shape`` is."""
+    return _geometry(img_shape, kernel_size, stride, padding, dilation)[1][-2:]
+
+
+def _rows(rows, out_h) -> tuple[int, int]:
+    """The band ``(r0, r1)`` of output rows, all of them when ``rows`` is None; validated."""
+    if rows is None:
+        return 0, out_h
+    r0, r1 = (int(r) for r in rows)
+    if not 0 <= r0 < r1 <= out_h:
+        raise ValueError(f"rows must be a band 0 <= r0 < r1 <= out_h = {out_h}, got {tuple(rows)}")
+    return r0, r1
 
 
 def _geometry(img_shape, kernel_size, stride, padding, dilation):
@@ -78,16 +101,16 @@ _source_cuda = source_index.cuda
 # --- CPU ------------------------------------------------------------------------------------------
 
 @njit(parallel=True, cache=False)
-def _im2col_cpu(img, col, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w):
+def _im2col_cpu(img, col, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w, r0, r1):
     height, width = img.shape[1], img.shape[2]
     # One col row per task: its writes are contiguous and no two tasks share one.
     for row in prange(col.shape[0]):
         c = row // (kh * kw)
         i = row // kw % kh
         j = row % kw
-        for oh in range(out_h):
+        for oh in range(r0, r1):
             h = _source_cpu(oh, i, sh, ph, dh)
-            base = oh * out_w
+            base = (oh - r0) * out_w
             for ow in range(out_w):
                 w = _source_cpu(ow, j, sw, pw, dw)
                 if 0 <= h < height and 0 <= w < width:
@@ -106,43 +129,46 @@ def _inside(out_size, size, k, stride, pad, dilation):
 
 
 @njit(parallel=True, cache=False)
-def _col2im_cpu(col, img, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w):
+def _col2im_cpu(col, img, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w, r0, r1):
     height, width = img.shape[1], img.shape[2]
     # One channel per task: overlapping patches add into the same pixels, but only within a channel.
     for c in prange(img.shape[0]):
         for i in range(kh):
             oh_low, oh_high = _inside(out_h, height, i, sh, ph, dh)
+            oh_low, oh_high = max(oh_low, r0), min(oh_high, r1)  # this band's rows only
             for j in range(kw):
                 # Loop bounds instead of a test per element: the inner loop is branch-free.
                 ow_low, ow_high = _inside(out_w, width, j, sw, pw, dw)
                 row = (c * kh + i) * kw + j
                 for oh in range(oh_low, oh_high):
                     h = _source_cpu(oh, i, sh, ph, dh)
-                    base = oh * out_w
+                    base = (oh - r0) * out_w
                     for ow in range(ow_low, ow_high):
                         img[c, h, _source_cpu(ow, j, sw, pw, dw)] += col[row, base + ow]
 
 
 # --- CUDA -----------------------------------------------------------------------------------------
 
-_SIG_IM2COL = "void({0}[:, :, ::1], {0}[:, ::1], " + ", ".join(["int64"] * 10) + ")"
-_SIG_COL2IM = "void({0}[:, ::1], {0}[:, :, ::1], " + ", ".join(["int64"] * 10) + ")"
+_SIG_IM2COL = "void({0}[:, :, ::1], {0}[:, ::1], " + ", ".join(["int64"] * 12) + ")"
+_SIG_COL2IM = "void({0}[:, ::1], {0}[:, :, ::1], " + ", ".join(["int64"] * 14) + ")"
 
 
 @cuda_kernel(_SIG_IM2COL.format("float32"), _SIG_IM2COL.format("float64"))
-def im2col_kernel(img, col, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w):
-    """One thread per ``(c, oh, ow)``: it copies that patch's ``kh * kw`` taps down its column.
+def im2col_kernel(img, col, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w, r0, r1):
+    """One thread per ``(c, oh, ow)`` of the band ``r0 <= oh < r1``: it copies that patch's
+    ``kh * kw`` taps down its column.
 
-    1-D grid over ``C * out_h * out_w``. For each tap, a warp writes consecutive columns of one
+    1-D grid over ``C * (r1 - r0) * out_w``. For each tap, a warp writes consecutive columns of one
     row (coalesced); the division into ``(c, oh, ow)`` is paid once per patch, not once per tap.
     """
     t = cuda.grid(1)
-    if t >= img.shape[0] * out_h * out_w:
+    band = (r1 - r0) * out_w
+    if t >= img.shape[0] * band:
         return
     height, width = img.shape[1], img.shape[2]
-    column = t % (out_h * out_w)
-    c = t // (out_h * out_w)
-    oh = column // out_w
+    column = t % band
+    c = t // band
+    oh = r0 + column // out_w
     ow = column % out_w
     row = c * kh * kw
     for i in range(kh):
@@ -157,68 +183,83 @@ def im2col_kernel(img, col, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w):
 
 
 @cuda_kernel(_SIG_COL2IM.format("float32"), _SIG_COL2IM.format("float64"))
-def col2im_kernel(col, img, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w):
+def col2im_kernel(col, img, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w, r0, r1, h0, h1):
     """One thread per pixel ``(c, h, w)``: it gathers every column entry copied from it, and adds.
 
-    1-D grid over ``C * H * W``. A gather rather than a scatter: no atomics, and the sum's order is
-    fixed, so results are deterministic. Tap ``i`` reached ``h`` from ``oh`` when
-    ``h + ph - i * dh == oh * sh``: a non-negative multiple of the stride, below ``out_h``.
+    1-D grid over ``C * (h1 - h0) * W``: ``h0 <= h < h1`` are the image rows that the output band
+    ``r0 <= oh < r1`` reads (all of them for the whole output; the launcher computes them). A
+    gather rather than a scatter: no atomics, and the sum's order is fixed, so results are
+    deterministic. Tap ``i`` reached ``h`` from ``oh`` when ``h + ph - i * dh == oh * sh``: a
+    non-negative multiple of the stride, inside the band.
     """
     t = cuda.grid(1)
-    height, width = img.shape[1], img.shape[2]
-    if t >= img.shape[0] * height * width:
+    width = img.shape[2]
+    rows = h1 - h0
+    if t >= img.shape[0] * rows * width:
         return
     w = t % width
-    h = t // width % height
-    c = t // (width * height)
+    h = h0 + t // width % rows
+    c = t // (width * rows)
     total = img[c, h, w]
     for i in range(kh):
         h_off = h + ph - i * dh
-        if h_off < 0 or h_off % sh != 0 or h_off // sh >= out_h:
+        if h_off < 0 or h_off % sh != 0:
             continue
         oh = h_off // sh
+        if oh < r0 or oh >= r1:
+            continue
         for j in range(kw):
             w_off = w + pw - j * dw
             if w_off < 0 or w_off % sw != 0 or w_off // sw >= out_w:
                 continue
-            total += col[(c * kh + i) * kw + j, oh * out_w + w_off // sw]
+            total += col[(c * kh + i) * kw + j, (oh - r0) * out_w + w_off // sw]
     img[c, h, w] = total
 
 
 # --- launchers ------------------------------------------------------------------------------------
 
-def im2col(img, col, kernel_size, stride=1, padding=0, dilation=1, stream=None):
+def im2col(img, col, kernel_size, stride=1, padding=0, dilation=1, stream=None, rows=None):
     """Fill ``col[C * kh * kw, out_h * out_w]`` from ``img[C, H, W]`` (see the module doc); returns col.
 
     ``kernel_size``, ``stride``, ``padding``, ``dilation``: an int or an ``(h, w)`` pair. Every
     element of ``col`` is written (padding taps get 0). ``stream``: CUDA stream (ignored on CPU).
+    ``rows=(r0, r1)``: only output rows ``r0 <= oh < r1``, into ``col[C * kh * kw, (r1 - r0) * out_w]``.
     """
-    params = _check(img, col, kernel_size, stride, padding, dilation)
+    params = _check(img, col, kernel_size, stride, padding, dilation, rows)
     if on_cpu(img):
         _im2col_cpu(img, col, *params)
     else:
-        blocks, threads = grid_1d(img.shape[0] * params[-2] * params[-1])
+        blocks, threads = grid_1d(img.shape[0] * col.shape[1])
         im2col_kernel[blocks, threads, 0 if stream is None else stream](img, col, *params)
     return col
 
 
-def col2im(col, img, kernel_size, stride=1, padding=0, dilation=1, stream=None):
+def col2im(col, img, kernel_size, stride=1, padding=0, dilation=1, stream=None, rows=None):
     """``img[C, H, W] += im2col^T(col)``: add every column entry into its source pixel; returns img.
 
     The adjoint of ``im2col`` with the same geometry: ``<col2im(y), x> == <y, im2col(x)>`` when
-    ``img`` starts at zero. Zero ``img`` first for a plain (non-accumulating) result.
+    ``img`` starts at zero. Zero ``img`` first for a plain (non-accumulating) result. With
+    ``rows=(r0, r1)``, ``col`` is that band's (as ``im2col`` fills it) and only the pixels the band
+    reads are touched: summing ``col2im`` over bands that cover the output gives the full result.
     """
-    params = _check(img, col, kernel_size, stride, padding, dilation)
+    params = _check(img, col, kernel_size, stride, padding, dilation, rows)
     if on_cpu(img):
         _col2im_cpu(col, img, *params)
     else:
-        blocks, threads = grid_1d(img.size)
-        col2im_kernel[blocks, threads, 0 if stream is None else stream](col, img, *params)
+        kh, _, sh, _, ph, _, dh, _, _, _, r0, r1 = params
+        h0 = max(0, r0 * sh - ph)  # the image rows the band reads: tap 0 of r0 .. tap kh-1 of r1-1
+        h1 = min(img.shape[1], (r1 - 1) * sh - ph + (kh - 1) * dh + 1)
+        if h1 > h0:  # else the band reads only padding: nothing to add
+            blocks, threads = grid_1d(img.shape[0] * (h1 - h0) * img.shape[2])
+            col2im_kernel[blocks, threads, 0 if stream is None else stream](col, img, *params,
+                                                                            h0, h1)
     return img
 
 
-def _check(img, col, kernel_size, stride, padding, dilation):
-    shape, params = _geometry(img.shape, kernel_size, stride, padding, dilation)
+def _check(img, col, kernel_size, stride, padding, dilation, rows):
+    full, params = _geometry(img.shape, kernel_size, stride, padding, dilation)
+    r0, r1 = _rows(rows, params[-2])
+    shape = (full[0], (r1 - r0) * params[-1])
     if tuple(col.shape) != shape:
         raise ValueError(f"col has shape {tuple(col.shape)}, expected {shape} for image "
                          f"{tuple(img.shape)}")
@@ -229,4 +270,4 @@ def _check(img, col, kernel_size, stride, padding, dilation):
                         f"{col.dtype}")
     if not on_cpu(img) and not (img.is_c_contiguous() and col.is_c_contiguous()):
         raise ValueError("im2col/col2im on CUDA need C-contiguous img and col")
-    return params
+    return params + (r0, r1)

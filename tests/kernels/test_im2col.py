@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minilms.kernels.im2col import col2im, col_shape, conv_out_size, im2col
+from minilms.kernels.im2col import col2im, col_shape, conv_out_size, im2col, out_shape
 
 # (image [C, H, W], kernel, stride, padding, dilation)
 GEOMETRIES = {
@@ -108,6 +108,40 @@ def test_groups_are_channel_slices():
         np.testing.assert_array_equal(col, full[group * rows:(group + 1) * rows])
 
 
+def bands(out_h, size):
+    """Output-row bands of ``size`` rows (the last one shorter) that cover ``0 .. out_h``."""
+    return [(r0, min(out_h, r0 + size)) for r0 in range(0, out_h, size)]
+
+
+@pytest.mark.parametrize("name", GEOMETRIES)
+@pytest.mark.parametrize("size", [1, 2])
+def test_bands_of_output_rows_are_column_slices(name, size):
+    shape, *geometry = GEOMETRIES[name]
+    img = random(shape)
+    full = im2col(img, np.empty(col_shape(shape, *geometry)), *geometry)
+    y = random(full.shape, seed=1)
+    whole = col2im(y, np.zeros(shape), *geometry)
+    out_h, out_w = out_shape(shape, *geometry)
+    summed = np.zeros(shape)
+    for r0, r1 in bands(out_h, size):
+        columns = slice(r0 * out_w, r1 * out_w)
+        col = np.full(col_shape(shape, *geometry, rows=(r0, r1)), np.nan)
+        assert im2col(img, col, *geometry, rows=(r0, r1)) is col
+        np.testing.assert_array_equal(col, full[:, columns])
+        col2im(np.ascontiguousarray(y[:, columns]), summed, *geometry, rows=(r0, r1))
+    np.testing.assert_allclose(summed, whole, rtol=1e-12, atol=1e-12)
+
+
+def test_rejects_bad_bands():
+    img = np.zeros((2, 5, 5), np.float32)  # 3x3 kernel: out 3x3
+    for rows in [(0, 0), (2, 1), (-1, 2), (0, 4)]:
+        with pytest.raises(ValueError, match="rows must be a band"):
+            im2col(img, np.zeros((18, 3), np.float32), 3, rows=rows)
+    with pytest.raises(ValueError, match="col has shape"):
+        col2im(np.zeros((18, 9), np.float32), img, 3, rows=(1, 3))
+    assert col_shape(img.shape, 3, rows=(1, 3)) == (18, 6)
+
+
 @pytest.mark.parametrize("name", ["3x3 same", "everything"])
 def test_matches_torch_unfold_and_fold(name):
     torch = pytest.importorskip("torch", reason="torch is not installed: no comparison with unfold")
@@ -161,6 +195,26 @@ def test_cuda_matches_cpu(name, dtype):
     d_grad = cuda.to_device(np.full(shape, 0.5, dtype))
     col2im(cuda.to_device(y), d_grad, *geometry)
     # A gather on CUDA, a scatter on the CPU: the same terms, summed in another order.
+    np.testing.assert_allclose(d_grad.copy_to_host(), grad, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, rows", [("everything", (1, 3)), ("padding > kernel", (0, 1)),
+                                        ("dilated", (2, 4))])
+def test_cuda_bands_match_cpu(name, rows):
+    from numba import cuda
+    shape, *geometry = GEOMETRIES[name]
+    img = random(shape, np.float32)
+    expected = im2col(img, np.empty(col_shape(shape, *geometry, rows=rows), np.float32), *geometry,
+                      rows=rows)
+    d_col = cuda.to_device(np.full(expected.shape, np.nan, np.float32))
+    im2col(cuda.to_device(img), d_col, *geometry, rows=rows)
+    np.testing.assert_array_equal(d_col.copy_to_host(), expected)
+
+    y = random(expected.shape, np.float32, seed=2)
+    grad = col2im(y, np.full(shape, 0.5, np.float32), *geometry, rows=rows)
+    d_grad = cuda.to_device(np.full(shape, 0.5, np.float32))
+    col2im(cuda.to_device(y), d_grad, *geometry, rows=rows)
     np.testing.assert_allclose(d_grad.copy_to_host(), grad, rtol=1e-6, atol=1e-6)
 
 

@@ -1,0 +1,196 @@
+"""BatchNorm: per-channel normalisation of ``[N, C, H, W]`` (or ``[N, C]``, ``[N, C, L]``,
+``[N, C, D, H, W]``) to the same shape, PyTorch's ``BatchNorm1d/2d/3d``.
+
+Parameters, in PyTorch's names and layouts so a state dict loads as ``<layer>.<param>``:
+``weight`` (gamma, ``[C]``, ones) and ``bias`` (beta, ``[C]``, zeros) when ``affine``;
+``running_mean`` (``[C]``, zeros) and ``running_var`` (``[C]``, ones), kept but not learned.
+Options: ``momentum=0.1``, ``eps=1e-5``, ``affine=True``.
+
+Training forward (``io.train``), per channel over its ``M = N*H*W`` values::
+
+    mean   = sum(x) / M,   var = sum((x - mean)^2) / M,   invstd = 1 / sqrt(var + eps)
+    y      = (x - mean) * invstd * gamma + beta
+    running_mean = (1 - momentum) * running_mean + momentum * mean
+    running_var  = (1 - momentum) * running_var  + momentum * var * M / (M - 1)
+
+``mean`` and ``invstd`` (``[C]``) are saved for backward. Test forward: ``y = (x - running_mean) /
+sqrt(running_var + eps) * gamma + beta``, nothing saved or updated. Backward (training mode only),
+with ``xhat = (x - mean) * invstd``::
+
+    dbeta = sum(dy),   dgamma = sum(dy * xhat),
+    dx    = gamma * invstd * (dy - dbeta / M - xhat * dgamma / M)
+
+Backward reads the bottom ``x`` (and the saved ``mean``/``invstd``). Without ``affine``, gamma = 1
+and beta = 0 live in a ``[C]`` workspace. ``dtype`` is the float dtype of the saved and workspace
+buffers, which must match the data's (the runner allocates them from these declarations).
+The kernels are in ``minilms.kernels.batchnorm``.
+"""
+import numbers
+
+import numpy as np
+from numba import cuda, njit, prange
+
+from ..kernels.batchnorm import (batchnorm_backward, batchnorm_forward_inference,
+                                 batchnorm_forward_train)
+from ..kernels.elementwise import block_sum, fill, launch, view
+from ..kernels.registry import cuda_kernel, on_cpu
+from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
+
+THREADS = 256   # one block per channel, as in kernels.batchnorm
+
+_SIGS = [f"void({t}[:, :, ::1], {t}[:, :, ::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1])"
+         for t in ("float32", "float64")]
+
+
+# Parameter gradients alone, for a backward that needs no dx (a BatchNorm fed by the data): the
+# kernels module's backward always writes dx, and a dx scratch would be batch-proportional.
+
+@cuda_kernel(*_SIGS, block=THREADS)
+def param_grads_cuda(x, dy, mean, invstd, dgamma, dbeta):
+    buf = cuda.shared.array(THREADS, dtype=x.dtype)
+    t = cuda.threadIdx.x
+    n_, c_, hw = x.shape
+    m = n_ * hw
+    for c in range(cuda.blockIdx.x, c_, cuda.gridDim.x):
+        mu, inv = mean[c], invstd[c]
+        acc = x.dtype.type(0)
+        for i in range(t, m, THREADS):
+            acc += dy[i // hw, c, i % hw]
+        buf[t] = acc
+        sum_dy = block_sum(buf, t)
+        acc = x.dtype.type(0)
+        for i in range(t, m, THREADS):
+            acc += dy[i // hw, c, i % hw] * ((x[i // hw, c, i % hw] - mu) * inv)
+        buf[t] = acc
+        sum_dy_xhat = block_sum(buf, t)
+        if t == 0:
+            dgamma[c] = sum_dy_xhat
+            dbeta[c] = sum_dy
+
+
+@njit(parallel=True, cache=True)
+def param_grads_cpu(x, dy, mean, invstd, dgamma, dbeta):
+    n_, c_, hw = x.shape
+    for c in prange(c_):
+        mu, inv = mean[c], invstd[c]
+        s_dy = 0.0
+        s_dy_xhat = 0.0
+        for n in range(n_):
+            for j in range(hw):
+                s_dy += dy[n, c, j]
+                s_dy_xhat += dy[n, c, j] * ((x[n, c, j] - mu) * inv)
+        dgamma[c] = s_dy_xhat
+        dbeta[c] = s_dy
+
+
+def batchnorm_param_grads(x, dy, mean, invstd, dgamma, dbeta, stream=None) -> None:
+    """``dgamma = sum(dy * xhat)``, ``dbeta = sum(dy)`` per channel (overwritten), no ``dx``."""
+    n, c = x.shape[:2]
+    hw = x.size // (n * c)
+    args = (view(x, n, c, hw), view(dy, n, c, hw), view(mean, c), view(invstd, c),
+            view(dgamma, c), view(dbeta, c))
+    if on_cpu(x):
+        param_grads_cpu(*args)
+    else:
+        launch(param_grads_cuda, min(c, 65535), THREADS, stream)(*args)
+
+
+@register
+class BatchNorm(Layer):
+    type = "BatchNorm"
+    backward_reads = frozenset({"bottom"})
+
+    def __init__(self, name, bottom, top, momentum: float = 0.1, eps: float = 1e-5,
+                 affine: bool = True, dtype="float32"):
+        super().__init__(name, bottom, top)
+        if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) \
+                or not 0.0 <= momentum <= 1.0:
+            raise ShapeError(self, "momentum", "a number in [0, 1]", repr(momentum))
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps > 0.0:
+            raise ShapeError(self, "eps", "a number > 0", repr(eps))
+        if not isinstance(affine, bool):
+            raise ShapeError(self, "affine", "true or false", repr(affine))
+        self.momentum, self.eps, self.affine = float(momentum), float(eps), affine
+        self.dtype = float_dtype(self, dtype)
+
+    def infer(self, bottom_shapes):
+        shape = bottom_shapes[0]
+        self.expect_rank(0, shape, (2, 3, 4, 5))
+        if shape[1] < 1:
+            raise ShapeError(self, f"bottom 0 ({self.bottom[0]})", "at least one channel", shape)
+        return [shape]
+
+    @property
+    def channels(self) -> int:
+        return self.bottom_shapes[0][1]
+
+    def params(self):
+        c = (self.channels,)
+        affine = [ParamSpec("weight", c, "ones"), ParamSpec("bias", c, "zeros")] if self.affine \
+            else []
+        return affine + [ParamSpec("running_mean", c, "zeros", learnable=False),
+                         ParamSpec("running_var", c, "ones", learnable=False)]
+
+    def saved(self):
+        return [BufferSpec("mean", (self.channels,), self.dtype),
+                BufferSpec("invstd", (self.channels,), self.dtype)]
+
+    def workspace(self):
+        # dweight/dbias: where parameter gradients go when none are wanted (no affine, or frozen)
+        names = ("dweight", "dbias") if self.affine else ("weight", "bias", "dweight", "dbias")
+        return [BufferSpec(name, (self.channels,), self.dtype) for name in names]
+
+    def _check_dtype(self, x, buffers) -> None:
+        for key, array in buffers.items():
+            if array.dtype != x.dtype:
+                raise ShapeError(self, f"dtype of {key}", f"the data's {x.dtype} "
+                                 "(set the layer's dtype option)", array.dtype)
+
+    def forward(self, io):
+        x, y = io.bottom[0], io.top[0]
+        self._check_dtype(x, {**io.saved, **io.work})
+        if self.affine:
+            gamma, beta = io.params["weight"], io.params["bias"]
+        else:
+            gamma, beta = io.work["weight"], io.work["bias"]
+            fill(gamma, 1.0, io.stream)
+            fill(beta, 0.0, io.stream)
+        rm, rv = io.params["running_mean"], io.params["running_var"]
+        if io.train:
+            if x.size // self.channels < 2:
+                raise ShapeError(self, f"bottom 0 ({self.bottom[0]})",
+                                 "more than one value per channel in training", tuple(x.shape))
+            batchnorm_forward_train(x, gamma, beta, y, io.saved["mean"], io.saved["invstd"],
+                                    rm, rv, self.momentum, self.eps, io.stream)
+        else:
+            batchnorm_forward_inference(x, gamma, beta, rm, rv, y, self.eps, io.stream)
+
+    def backward(self, io):
+        if not io.train:
+            raise ShapeError(self, "backward", "a training-mode step (batch statistics)",
+                             "a test-mode step")
+        x, dy, dx = io.bottom[0], io.top_grad[0], io.bottom_grad[0]
+        mean, invstd = io.saved["mean"], io.saved["invstd"]
+        dgamma, dbeta = io.param_grad.get("weight"), io.param_grad.get("bias")
+        wanted = dgamma is not None
+        if not wanted:
+            dgamma, dbeta = io.work["dweight"], io.work["dbias"]
+        gamma = io.params["weight"] if self.affine else io.work["weight"]
+        if dx is None:
+            if wanted:
+                batchnorm_param_grads(x, dy, mean, invstd, dgamma, dbeta, io.stream)
+            return
+        if not self.affine:
+            fill(gamma, 1.0, io.stream)
+        batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, io.stream)
+
+
+def float_dtype(layer, dtype) -> np.dtype:
+    """``dtype`` as a float32 or float64 numpy dtype, or a ShapeError naming ``layer``."""
+    try:
+        value = None if dtype is None else np.dtype(dtype)
+    except TypeError:
+        value = None
+    if value is None or value not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ShapeError(layer, "dtype", "float32 or float64", repr(dtype))
+    return value

@@ -1,0 +1,274 @@
+"""Convolution: ``[N, C, H, W] -> [N, num_output, OH, OW]`` as im2col + GEMM, one sample at a time.
+
+Options: ``num_output``, ``kernel_size`` (an int or ``[h, w]``), ``stride`` (1), ``pad`` (0),
+``dilation`` (1), ``bias`` (True), ``groups`` (1), ``weight_init`` ("he" or "xavier") and
+``max_workspace`` (bytes, 64 MiB). ``stride``, ``pad`` and ``dilation`` may be pairs too.
+Parameters in PyTorch's layout: ``weight [out, C / groups, kh, kw]``, ``bias [out]`` (zeros).
+
+Forward, for each sample ``n`` and group ``g`` (``K = C / groups * kh * kw``, ``P = OH * OW``)::
+
+    col = im2col(x[n, channels of g])                        [K, P]
+    top[n, outputs of g] = weight_g [out / groups, K] @ col  [out / groups, P]
+    top[n, outputs of g] += bias_g [out / groups, 1] @ ones [1, P]   (Caffe's bias multiplier)
+
+Backward recomputes ``col`` from the bottom (``backward_reads = {"bottom"}``) and *overwrites* the
+gradients: ``dweight_g = sum_n dy_g[n] @ col^T`` (the first sample writes, the others add),
+``dbias_g = sum_n dy_g[n] @ ones``, and ``dx[n]`` = col2im of ``weight_g^T @ dy_g[n]`` after ``dx``
+is zeroed (col2im adds).
+
+The workspace is one sample's ``col``, never the batch's. When it would exceed ``max_workspace``
+(a 2240x2240 input), the output is walked in bands of output rows: ``col`` holds one band's
+columns, and since a band of ``top[n]`` (or of ``dy[n]``) is not contiguous across channels, the
+GEMM goes through a staging buffer ``[out / groups, band]`` that a copy kernel moves into place.
+
+The workspace is declared as bytes (uint8) and viewed as the run's dtype: ``setup`` cannot know the
+dtype, so it sizes the bytes for float32 (what trains) and a float64 run (the CPU gradient checks)
+plans its own bands in the same bytes, with about half the rows. Where that would be no row at all
+(a whole-image col smaller than one float64 band row: layers with few output rows), the bytes are
+raised to one float64 row, within ``max_workspace``; a float32 run leaves the extra unused.
+"""
+import numpy as np
+from numba import cuda
+
+from ..kernels import cuda_kernel, on_cpu
+from ..kernels.elementwise import fill
+from ..kernels.gemm import gemm
+from ..kernels.im2col import col2im, conv_out_size, im2col
+from ..kernels.registry import grid_1d
+from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
+
+MiB = 2**20
+
+_BAND_SIGS = [f"void({t}[:, ::1], {t}[:, ::1], int64, boolean)" for t in ("float32", "float64")]
+
+
+@cuda_kernel(*_BAND_SIGS)
+def band_copy_cuda(part, whole, offset, into_whole):
+    """``whole[:, offset:offset + L] = part`` (or the reverse) for ``part [M, L]``, ``whole [M, P]``.
+
+    Grid-stride over the ``M * L`` elements of ``part``; consecutive threads take consecutive
+    columns, so both sides are read and written in coalesced runs of ``L``.
+    """
+    rows, width = part.shape
+    for i in range(cuda.grid(1), rows * width, cuda.gridsize(1)):
+        r, k = i // width, i % width
+        if into_whole:
+            whole[r, offset + k] = part[r, k]
+        else:
+            part[r, k] = whole[r, offset + k]
+
+
+def band_copy(part, whole, offset: int, into_whole: bool, stream=None) -> None:
+    """Copy ``part [M, L]`` into columns ``offset:offset + L`` of ``whole [M, P]``, or out of them."""
+    if on_cpu(part):
+        band = whole[:, offset:offset + part.shape[1]]
+        if into_whole:
+            band[...] = part
+        else:
+            part[...] = band
+    else:
+        blocks, threads = grid_1d(part.size)
+        band_copy_cuda[blocks, threads, stream or 0](part, whole, offset, into_whole)
+
+
+@register
+class Convolution(Layer):
+    type = "Convolution"
+    backward_reads = frozenset({"bottom"})
+
+    def __init__(self, name, bottom, top, num_output=None, kernel_size=None, stride=1, pad=0,
+                 dilation=1, bias: bool = True, groups: int = 1, weight_init: str = "he",
+                 max_workspace: int = 64 * MiB):
+        super().__init__(name, bottom, top)
+        self.num_output = self._positive("num_output", num_output)
+        self.kernel_size = self._pair("kernel_size", kernel_size, 1)
+        self.stride = self._pair("stride", stride, 1)
+        self.pad = self._pair("pad", pad, 0)
+        self.dilation = self._pair("dilation", dilation, 1)
+        self.groups = self._positive("groups", groups)
+        self.bias = bool(bias)
+        self.max_workspace = self._positive("max_workspace", max_workspace)
+        if weight_init not in ("he", "xavier"):
+            raise ShapeError(self, "weight_init", "'he' or 'xavier'", repr(weight_init))
+        self.weight_init = weight_init
+        if self.num_output % self.groups:
+            raise ShapeError(self, "num_output", f"a multiple of groups ({self.groups})",
+                             self.num_output)
+
+    def _positive(self, what, value):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ShapeError(self, what, "a positive integer", repr(value))
+        return int(value)
+
+    def _pair(self, what, value, least):
+        pair = [value, value] if isinstance(value, (int, np.integer)) else value
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2 or any(
+                isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least
+                for v in pair):
+            raise ShapeError(self, what, f"an integer >= {least} or a pair [h, w] of them",
+                             repr(value))
+        return int(pair[0]), int(pair[1])
+
+    # -- shapes --------------------------------------------------------------------------------
+    def infer(self, bottom_shapes):
+        shape = bottom_shapes[0]
+        self.expect_rank(0, shape, (4,))
+        n, channels, height, width = shape
+        bottom = f"bottom 0 ({self.bottom[0]})"
+        if channels % self.groups:
+            raise ShapeError(self, bottom, f"channels divisible by groups ({self.groups})", shape)
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (self.kernel_size, self.stride, self.pad,
+                                                  self.dilation)
+        out_h = conv_out_size(height, kh, sh, ph, dh)
+        out_w = conv_out_size(width, kw, sw, pw, dw)
+        if out_h < 1 or out_w < 1:
+            reach = (dh * (kh - 1) + 1, dw * (kw - 1) + 1)
+            raise ShapeError(self, bottom, f"an input of at least {reach[0]}x{reach[1]} with pad "
+                             f"{ph}x{pw} (kernel {kh}x{kw}, dilation {dh}x{dw})", shape)
+        self.in_group = channels // self.groups          # input channels per group
+        self.out_group = self.num_output // self.groups  # outputs per group
+        self.k = self.in_group * kh * kw                 # rows of col
+        self.out_h, self.out_w = out_h, out_w
+        self._size_workspace(shape)
+        return [(n, self.num_output, out_h, out_w)]
+
+    def _plan(self, itemsize: int, budget: int) -> tuple[int, bool]:
+        """``(output rows per band, staged)`` for elements of ``itemsize`` bytes in ``budget``
+        bytes: every row at once and unstaged when one sample's ``col`` (and the ones) fit; else
+        bands, each needing ``col``, a staging buffer and ones. Rows 0: not even one row fits."""
+        ones = int(self.bias)
+        whole = (self.k + ones) * self.out_h * self.out_w * itemsize
+        if whole <= budget:
+            return self.out_h, False
+        per_row = (self.k + self.out_group + ones) * self.out_w * itemsize
+        return budget // per_row, True
+
+    def _elements(self, rows: int, staged: bool) -> int:
+        """Elements of the workspace that a plan uses: col, the staging buffer, the ones."""
+        width = rows * self.out_w
+        return width * (self.k + int(self.bias) + (self.out_group if staged else 0))
+
+    def _size_workspace(self, shape):
+        budget = self.max_workspace // 8 * 8
+        rows, staged = self._plan(4, budget)
+        if rows < 1:
+            one_row = (self.k + self.out_group + int(self.bias)) * self.out_w * 4
+            raise ShapeError(self, "max_workspace",
+                             f"at least {one_row} bytes (one output row of col for input {shape})",
+                             self.max_workspace)
+        nbytes = -(-self._elements(rows, staged) * 4 // 8) * 8
+        row64 = (self.k + self.out_group + int(self.bias)) * self.out_w * 8
+        if self._plan(8, nbytes)[0] < 1 and row64 <= budget:  # one float64 row, where it fits
+            nbytes = row64
+        self.band_rows, self.staged = rows, staged   # the float32 plan, for people and tests
+        self.workspace_bytes = nbytes
+
+    # -- declarations --------------------------------------------------------------------------
+    def params(self):
+        if not self.bottom_shapes:
+            raise RuntimeError(f"layer {self.name} ({self.type}): params() needs setup() first")
+        kh, kw = self.kernel_size
+        # fan_out as PyTorch and Caffe count it: every output channel sees kh * kw taps.
+        specs = [ParamSpec("weight", (self.num_output, self.in_group, kh, kw), self.weight_init,
+                           fan_in=self.k, fan_out=self.num_output * kh * kw)]
+        if self.bias:
+            specs.append(ParamSpec("bias", (self.num_output,), "zeros"))
+        return specs
+
+    def workspace(self):
+        return [BufferSpec("col", (self.workspace_bytes,), np.dtype(np.uint8))]
+
+    # -- compute -------------------------------------------------------------------------------
+    def _buffers(self, work, dtype):
+        """``(rows per band, staged, flat)``: the plan for ``dtype`` and the workspace as ``dtype``."""
+        itemsize = np.dtype(dtype).itemsize
+        # float32 runs the plan the workspace was sized for; others fit theirs in the same bytes.
+        rows, staged = (self.band_rows, self.staged) if itemsize == 4 else \
+            self._plan(itemsize, work.size)
+        if rows < 1:
+            raise ValueError(f"layer {self.name} ({self.type}): a workspace of {work.size} bytes "
+                             f"holds no output row of {np.dtype(dtype)}: raise max_workspace")
+        flat = work[:work.size // itemsize * itemsize].view(dtype)
+        return rows, staged, flat
+
+    def _views(self, flat, rows, staged, r0, r1):
+        """``col [K, L]``, ``stage [out / groups, L]`` (None unstaged), ``ones [L]`` (None without
+        bias) for the band ``r0 .. r1`` (``L = (r1 - r0) * OW``); each contiguous."""
+        width = (r1 - r0) * self.out_w
+        full = rows * self.out_w
+        col = flat[:self.k * width].reshape(self.k, width)
+        at = self.k * full
+        stage = None
+        if staged:
+            stage = flat[at:at + self.out_group * width].reshape(self.out_group, width)
+            at += self.out_group * full
+        ones = flat[at:at + width] if self.bias else None
+        return col, stage, ones
+
+    def _geometry(self):
+        return self.kernel_size, self.stride, self.pad, self.dilation
+
+    def forward(self, io):
+        x, y = io.bottom[0], io.top[0]
+        n_samples = x.shape[0]
+        rows, staged, flat = self._buffers(io.work["col"], x.dtype)
+        weight = io.params["weight"].reshape(self.groups, self.out_group, self.k)
+        bias = io.params["bias"].reshape(self.groups, self.out_group, 1) if self.bias else None
+        if self.bias:
+            fill(self._views(flat, rows, staged, 0, rows)[2], 1.0, io.stream)
+        plane = self.out_h * self.out_w
+        for n in range(n_samples):
+            top = y[n].reshape(self.groups, self.out_group, plane)
+            for g in range(self.groups):
+                img = x[n][g * self.in_group:(g + 1) * self.in_group]
+                for r0 in range(0, self.out_h, rows):
+                    r1 = min(self.out_h, r0 + rows)
+                    col, stage, ones = self._views(flat, rows, staged, r0, r1)
+                    im2col(img, col, *self._geometry(), stream=io.stream, rows=(r0, r1))
+                    out = stage if staged else top[g]
+                    gemm(weight[g], col, out, stream=io.stream)
+                    if self.bias:
+                        gemm(bias[g], ones.reshape(1, -1), out, beta=1.0, stream=io.stream)
+                    if staged:
+                        band_copy(stage, top[g], r0 * self.out_w, True, io.stream)
+
+    def backward(self, io):
+        x, dy = io.bottom[0], io.top_grad[0]
+        dx = io.bottom_grad[0]
+        dweight = io.param_grad.get("weight")
+        dbias = io.param_grad.get("bias") if self.bias else None
+        if dx is None and dweight is None and dbias is None:
+            return
+        n_samples = dy.shape[0]
+        rows, staged, flat = self._buffers(io.work["col"], dy.dtype)
+        weight = io.params["weight"].reshape(self.groups, self.out_group, self.k)
+        if dweight is not None:
+            dweight = dweight.reshape(self.groups, self.out_group, self.k)
+        if dbias is not None:
+            dbias = dbias.reshape(self.groups, self.out_group, 1)
+            fill(self._views(flat, rows, staged, 0, rows)[2], 1.0, io.stream)
+        if dx is not None:
+            fill(dx, 0.0, io.stream)  # col2im adds
+        plane = self.out_h * self.out_w
+        for n in range(n_samples):
+            grad = dy[n].reshape(self.groups, self.out_group, plane)
+            for g in range(self.groups):
+                channels = slice(g * self.in_group, (g + 1) * self.in_group)
+                for r0 in range(0, self.out_h, rows):
+                    r1 = min(self.out_h, r0 + rows)
+                    beta = 0.0 if n == 0 and r0 == 0 else 1.0  # overwrite, then accumulate
+                    col, stage, ones = self._views(flat, rows, staged, r0, r1)
+                    dout = grad[g]
+                    if staged:
+                        band_copy(stage, grad[g], r0 * self.out_w, False, io.stream)
+                        dout = stage
+                    if dbias is not None:
+                        gemm(dout, ones.reshape(-1, 1), dbias[g], beta=beta, stream=io.stream)
+                    if dweight is not None:
+                        im2col(x[n][channels], col, *self._geometry(), stream=io.stream,
+                               rows=(r0, r1))
+                        gemm(dout, col, dweight[g], trans_b=True, beta=beta, stream=io.stream)
+                    if dx is not None:
+                        gemm(weight[g], dout, col, trans_a=True, stream=io.stream)
+                        col2im(col, dx[n][channels], *self._geometry(), stream=io.stream,
+                               rows=(r0, r1))

@@ -1,0 +1,96 @@
+"""Dropout: any shape to the same shape, inverted dropout with drop probability ``ratio`` (Caffe's
+name; PyTorch's ``p`` is accepted too), default 0.5.
+
+Training forward::
+
+    mask = rand(shape) >= p            (uint8, drawn on the host from ``io.rng``)
+    top  = bottom * mask / (1 - p)     (p = 1: all zeros)
+
+The mask comes from the step's host RNG (``kernels.elementwise.dropout_mask``), so the ``cpu`` and
+``cuda`` devices drop exactly the same elements, and a runner that reseeds the RNG for every forward
+(``LayerRun`` does) replays the same mask. It is copied into a saved uint8 buffer for backward::
+
+    dbottom = dtop * mask / (1 - p)
+
+Test forward (``io.train`` False) is the identity: a copy, no mask drawn. Backward reads no forward
+blob, only the saved mask (a quarter of a float32 activation).
+"""
+import numbers
+
+import numpy as np
+
+from ..kernels import on_cpu
+from ..kernels.elementwise import dropout_backward, dropout_forward, dropout_mask
+from .base import BufferSpec, Layer, ShapeError, register
+from .flatten import copy_flat
+
+
+def to_device(host: np.ndarray, dst, stream=None) -> None:
+    """Copy the host array ``host`` into the device array ``dst`` (same size): ``np.copyto`` on the
+    ``cpu`` device, an H2D copy on ``stream`` on ``cuda``. ``host`` must stay alive until the copy
+    has completed (from pageable memory, CUDA stages it before returning)."""
+    if on_cpu(dst):
+        np.copyto(dst, host.reshape(dst.shape), casting="no")
+    else:
+        dst.copy_to_device(np.ascontiguousarray(host).reshape(dst.shape), stream=stream or 0)
+
+
+def _address(array) -> int:
+    """Where ``array``'s data starts: a numpy array, a CUDA device array, or the simulator's (which
+    wraps a numpy array and has no ``__cuda_array_interface__``)."""
+    iface = None if on_cpu(array) else getattr(array, "__cuda_array_interface__", None)
+    return (iface or array.__array_interface__)["data"][0]
+
+
+def _same_memory(a, b) -> bool:
+    """True for an in-place step (top named as its bottom): its identity copy is skipped."""
+    return on_cpu(a) == on_cpu(b) and _address(a) == _address(b)
+
+
+@register
+class Dropout(Layer):
+    type = "Dropout"
+    backward_reads = frozenset()
+
+    def __init__(self, name, bottom, top, ratio=None, p=None):
+        super().__init__(name, bottom, top)
+        if ratio is not None and p is not None:
+            raise ShapeError(self, "ratio", "ratio or p, not both", f"ratio={ratio!r}, p={p!r}")
+        value = 0.5 if ratio is None and p is None else ratio if p is None else p
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not 0.0 <= value <= 1.0:
+            raise ShapeError(self, "ratio", "a probability in [0, 1]", repr(value))
+        self.ratio = float(value)
+        self._host_mask = None   # the last mask drawn: alive until its copy has been made
+
+    def infer(self, bottom_shapes):
+        shape = bottom_shapes[0]
+        if len(shape) < 1:
+            raise ShapeError(self, f"bottom 0 ({self.bottom[0]})", "at least a 1-d shape", shape)
+        return [shape]
+
+    def saved(self):
+        return [BufferSpec("mask", self.bottom_shapes[0], np.dtype(np.uint8))]
+
+    def forward(self, io):
+        x, y = io.bottom[0], io.top[0]
+        if not io.train:
+            if not _same_memory(x, y):
+                copy_flat(x, y, io.stream)
+            return
+        if io.rng is None:
+            raise ShapeError(self, "forward", "a host RNG in training (StepIO.rng)", None)
+        self._host_mask = dropout_mask(io.rng, tuple(x.shape), self.ratio)
+        mask = io.saved["mask"]
+        to_device(self._host_mask, mask, io.stream)
+        dropout_forward(x, mask, self.ratio, y, io.stream)
+
+    def backward(self, io):
+        dx = io.bottom_grad[0]
+        if dx is None:
+            return
+        if not io.train:   # a test-mode forward is the identity
+            if not _same_memory(io.top_grad[0], dx):
+                copy_flat(io.top_grad[0], dx, io.stream)
+            return
+        dropout_backward(io.top_grad[0], io.saved["mask"], self.ratio, dx, io.stream)

@@ -1,0 +1,110 @@
+"""SoftmaxWithLoss: softmax cross-entropy, averaged over the batch.
+
+Bottoms: ``logits`` ``[N, K]`` (or ``[N, K, 1, 1]``, a classifier's output before Flatten) and
+``labels`` ``[N]`` int32 in ``[0, K)``. Top: ``(1,)``, the layer's loss::
+
+    prob[n, k] = exp(z[n, k]) / sum_j exp(z[n, j])          (max-subtracted, no overflow)
+    loss[n]    = -log prob[n, label[n]]                      (NaN for a label outside [0, K))
+    top[0]     = loss_weight * sum_n loss[n] / N
+
+Option ``loss_weight`` (default 1): the top is already weighted, so a net's objective is the plain
+sum of its loss tops and backward is the exact gradient of the top. Backward, for the upstream
+scale ``g = top_grad[0]`` (1.0 when the top is the net's loss)::
+
+    dlogits[n, k] = loss_weight * g * (prob[n, k] - [k == label[n]]) / N
+
+Forward saves ``prob`` ``[N, K]``, the per-sample ``loss`` ``[N]`` and a copy of the labels ``[N]``
+(int32, 4 bytes a sample), so backward reads no forward blob: LMS need keep neither the logits nor
+the label blob for it. The labels get no gradient (a ``bottom_grad[1]`` that is asked for is zeroed).
+``dtype`` is the float dtype of the saved ``prob``/``loss``, which must match the logits'.
+The kernels are in ``minilms.kernels.softmax``.
+"""
+import numbers
+
+import numpy as np
+from numba import cuda
+
+from ..kernels import on_cpu
+from ..kernels.elementwise import fill, launch, scale, view
+from ..kernels.registry import cuda_kernel, grid_1d
+from ..kernels.softmax import softmax_xent_backward, softmax_xent_forward
+from .base import BufferSpec, Layer, ShapeError, register
+from .batch_norm import float_dtype
+
+
+@cuda_kernel("void(float32[::1], float32[::1])", "void(float64[::1], float64[::1])")
+def scale_by_first_cuda(x, g):
+    """``x *= g[0]``: the upstream gradient scale, read on the device (no host sync)."""
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        x[i] = x[i] * g[0]
+
+
+def copy_device(src, dst, stream=None) -> None:
+    """``dst[...] = src`` for two arrays of one device, same size and dtype."""
+    if on_cpu(src):
+        np.copyto(dst.reshape(-1), src.reshape(-1), casting="no")
+    else:
+        dst.reshape(dst.size).copy_to_device(src.reshape(src.size), stream=stream or 0)
+
+
+@register
+class SoftmaxWithLoss(Layer):
+    type = "SoftmaxWithLoss"
+    bottoms = (2, 2)
+    backward_reads = frozenset()
+    is_loss = True
+
+    def __init__(self, name, bottom, top, loss_weight: float = 1.0, dtype="float32"):
+        super().__init__(name, bottom, top)
+        if isinstance(loss_weight, bool) or not isinstance(loss_weight, numbers.Real) \
+                or not np.isfinite(loss_weight):
+            raise ShapeError(self, "loss_weight", "a finite number", repr(loss_weight))
+        self.loss_weight = float(loss_weight)
+        self.dtype = float_dtype(self, dtype)
+
+    def infer(self, bottom_shapes):
+        logits, labels = bottom_shapes
+        self.expect_rank(0, logits, (2, 4))
+        if len(logits) == 4 and logits[2:] != (1, 1):
+            raise ShapeError(self, f"bottom 0 ({self.bottom[0]})", "[N, K] or [N, K, 1, 1]",
+                             logits)
+        if logits[1] < 1:
+            raise ShapeError(self, f"bottom 0 ({self.bottom[0]})", "at least one class", logits)
+        if tuple(labels) != (logits[0],):
+            raise ShapeError(self, f"bottom 1 ({self.bottom[1]})", f"labels [{logits[0]}]", labels)
+        return [(1,)]
+
+    def saved(self):
+        n, k = self.bottom_shapes[0][:2]
+        return [BufferSpec("prob", (n, k), self.dtype), BufferSpec("loss", (n,), self.dtype),
+                BufferSpec("label", (n,), np.dtype(np.int32))]
+
+    def forward(self, io):
+        logits, labels = io.bottom
+        if labels.dtype != np.int32:
+            raise ShapeError(self, f"bottom 1 ({self.bottom[1]})", "int32 labels", labels.dtype)
+        prob, loss = io.saved["prob"], io.saved["loss"]
+        if prob.dtype != logits.dtype:
+            raise ShapeError(self, "dtype of prob", f"the logits' {logits.dtype} "
+                             "(set the layer's dtype option)", prob.dtype)
+        n, k = prob.shape
+        top = io.top[0]
+        softmax_xent_forward(view(logits, n, k), labels, prob, loss, top, io.stream)
+        if self.loss_weight != 1.0:
+            scale(top, self.loss_weight, top, io.stream)
+        copy_device(labels, io.saved["label"], io.stream)
+
+    def backward(self, io):
+        if len(io.bottom_grad) > 1 and io.bottom_grad[1] is not None:
+            fill(io.bottom_grad[1], 0.0, io.stream)   # labels are not differentiable
+        dlogits = io.bottom_grad[0]
+        if dlogits is None:
+            return
+        prob, labels, g = io.saved["prob"], io.saved["label"], io.top_grad[0]
+        dz = view(dlogits, *prob.shape)
+        if on_cpu(prob):   # the upstream scale is at hand: fold it into one pass
+            softmax_xent_backward(prob, labels, dz, self.loss_weight * float(g[0]))
+        else:
+            softmax_xent_backward(prob, labels, dz, self.loss_weight, io.stream)
+            flat = view(dlogits, dlogits.size)
+            launch(scale_by_first_cuda, *grid_1d(flat.size), io.stream)(flat, view(g, 1))

@@ -1,0 +1,346 @@
+"""Convolution: forward against naive loops, backward by the gradient checker on both devices, the
+banded (bounded-workspace) path against the whole-image path, PyTorch, workspace sizes, errors."""
+import numba
+import numpy as np
+import pytest
+
+import minilms.kernels.gemm as gemm_module
+from minilms.gradcheck import check_gradients
+from minilms.layers import ShapeError
+from minilms.layers.convolution import Convolution
+from minilms.layers.run import LayerRun
+
+from ..devices import GRADCHECK_SAMPLES, KINDS, new_device
+
+MiB = 2**20
+
+
+@pytest.fixture(autouse=True)
+def small_gemm_tile(monkeypatch):
+    """Under the simulator, a GEMM tile that covers these tests' small matrices in one block of 32
+    threads: the simulator's cost is per block and per syncthreads. Tile edges are the GEMM tests'
+    business. Never on a real GPU, which compiles the constants into the kernel at first launch."""
+    if numba.config.ENABLE_CUDASIM:
+        shape = dict(BM=8, BN=32, BK=16, TM=2, TN=4)
+        derived = dict(zip(("TY", "TX", "THREADS", "A_ROW", "B_ROW"),
+                           gemm_module.derived_constants(*shape.values())))
+        for name, value in {**shape, **derived}.items():
+            monkeypatch.setattr(gemm_module, name, value)
+
+
+def conv(num_output=4, kernel_size=3, **options):
+    return Convolution("conv", ["x"], ["y"], num_output=num_output, kernel_size=kernel_size,
+                       **options)
+
+
+def pair(v):
+    return (v, v) if np.isscalar(v) else tuple(v)
+
+
+def naive_conv(x, weight, bias, stride=1, pad=0, dilation=1, groups=1):
+    """Straight from the definition: every output is a sum over its group's channels and taps."""
+    (sh, sw), (ph, pw), (dh, dw) = pair(stride), pair(pad), pair(dilation)
+    n, channels, height, width = x.shape
+    out, in_group, kh, kw = weight.shape
+    out_h = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    out_w = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    y = np.zeros((n, out, out_h, out_w))
+    for s in range(n):
+        for o in range(out):
+            g = o // (out // groups)
+            for oh in range(out_h):
+                for ow in range(out_w):
+                    total = 0.0 if bias is None else bias[o]
+                    for c in range(in_group):
+                        for i in range(kh):
+                            for j in range(kw):
+                                h, w = oh * sh - ph + i * dh, ow * sw - pw + j * dw
+                                if 0 <= h < height and 0 <= w < width:
+                                    total += weight[o, c, i, j] * x[s, g * in_group + c, h, w]
+                    y[s, o, oh, ow] = total
+    return y
+
+
+# name: (options, bottom shape)
+VARIANTS = {
+    "plain": (dict(), (2, 3, 5, 5)),
+    "stride and pad": (dict(stride=2, pad=1), (2, 2, 6, 5)),
+    "dilation, non-square": (dict(kernel_size=[2, 3], dilation=[2, 1], pad=[0, 1]), (2, 2, 6, 5)),
+    "groups": (dict(num_output=6, groups=3, stride=[1, 2]), (2, 3, 5, 6)),
+    "no bias": (dict(bias=False, pad=2), (2, 2, 3, 4)),
+    # Bands of 2 output rows (the last one shorter): 2 float32 rows fit, 1 float64 row.
+    "banded": (dict(pad=1, groups=2, max_workspace=560), (2, 2, 5, 4)),
+    # A 1x1 output: the float32 col is smaller than one float64 band row (see the next test).
+    "kernel = image": (dict(kernel_size=[3, 4]), (2, 2, 3, 4)),
+}
+
+
+def variant(name):
+    options, shape = VARIANTS[name]
+    return conv(**options), shape
+
+
+def random_bias(layer, rng):
+    return {"bias": rng.standard_normal(layer.num_output)} if layer.bias else {}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_forward_matches_naive_loops(name):
+    layer, shape = variant(name)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(shape)
+    with new_device("cpu", MiB) as device:
+        run = LayerRun(device, layer, [shape], dtype=np.float64)
+        for key, value in random_bias(layer, rng).items():
+            run.set_param(key, value)
+        y = run.forward([x])[0]
+        weight, bias = run.param("weight"), run.param("bias") if layer.bias else None
+    assert y.shape == layer.top_shapes[0]
+    np.testing.assert_allclose(y, naive_conv(x, weight, bias, layer.stride, layer.pad,
+                                             layer.dilation, layer.groups), rtol=1e-12, atol=1e-12)
+
+
+def test_banded_variant_really_bands():
+    layer, shape = variant("banded")
+    layer.setup([shape])
+    assert layer.staged and layer.band_rows == 2 and layer.out_h == 5
+    assert layer.workspace()[0].nbytes <= layer.max_workspace
+
+
+def test_workspace_has_room_for_one_float64_row():
+    """Float32 needs col [24, 1] and one 1 (100 bytes); a float64 band row needs [24 + 4 + 1, 1]
+    float64s: the bytes declared are those 232, so the float64 checks can run (unbanded, as
+    [24 + 1] float64s fit), and a float32 run still uses its own plan."""
+    layer, shape = variant("kernel = image")
+    layer.setup([shape])
+    assert layer.top_shapes == [(2, 4, 1, 1)] and not layer.staged
+    assert layer.workspace()[0].nbytes == (24 + 4 + 1) * 8
+    assert layer._plan(8, (24 + 4 + 1) * 8) == (1, False)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_gradients_cpu_float64(name):
+    layer, shape = variant(name)
+    rng = np.random.default_rng(2)
+    with new_device("cpu", MiB) as device:
+        report = check_gradients(device, layer, [rng.standard_normal(shape)],
+                                 samples=GRADCHECK_SAMPLES["cpu"], params=random_bias(layer, rng))
+    assert report.kinks == 0
+
+
+# Float32 on cuda (its GEMM is float32 only). The convolution is linear in x, in the weight and in
+# the bias, so central differences carry no truncation error at any eps: what is left is the float32
+# rounding of the top (~6e-8 relative per element; the checker sums the objective in float64),
+# divided by 2 eps. With eps = 1e-2 that is ~1e-5 absolute. Over 15 seeds of this test on cpu the
+# worst element used 0.27 of (rtol 1e-3, atol 1e-4); twice that leaves a margin of ~7x, and is still
+# 10x tighter than the usual float32 (2e-2, 1e-3), so a real error (a missed tap, a dropped sample,
+# a wrong sign) cannot hide in it.
+CUDA_TOLERANCE = dict(dtype=np.float32, eps=1e-2, rtol=2e-3, atol=2e-4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradients_float32(kind):
+    """The cuda gradient check, on a shape small enough for the simulator (every kernel launch
+    costs it a Python thread per CUDA thread). The banded path on cuda is checked against the
+    whole-image path below, and three more variants against cpu. The same float32 check on cpu shows
+    that the tolerances are not what makes it pass."""
+    layer = conv(num_output=3)
+    rng = np.random.default_rng(3)
+    with new_device(kind, MiB) as device:
+        report = check_gradients(device, layer, [rng.standard_normal((2, 2, 4, 4))],
+                                 samples=GRADCHECK_SAMPLES[kind], params=random_bias(layer, rng),
+                                 **CUDA_TOLERANCE)
+    assert report.kinks == 0
+
+
+def forward_backward(kind, layer, x, dy, params):
+    with new_device(kind, MiB) as device:
+        run = LayerRun(device, layer, [x.shape], dtype=x.dtype)
+        for key, value in params.items():
+            run.set_param(key, value)
+        y = run.forward([x])[0]
+        (dx,), grads = run.backward([dy])
+    return y, dx, grads
+
+
+# (options, max_workspace, output rows per band) for a [2, 2, 5, 4] input, 5x2 output: bands of 2
+# and of 3 rows (the last one shorter), and of 1 row without bias or groups.
+BANDS = [(dict(groups=2), 200, 2), (dict(groups=2), 300, 3), (dict(bias=False), 200, 1)]
+
+
+@pytest.mark.parametrize("kind, case, batch", [("cpu", 0, 2), ("cpu", 1, 2), ("cpu", 2, 2),
+                                               pytest.param("cuda", 1, 1, marks=pytest.mark.cuda)])
+def test_banded_path_equals_whole_image_path(kind, case, batch):
+    """On cuda one sample (the simulator is slow): two groups of two bands each, 3 rows and 2."""
+    options, max_workspace, band_rows = BANDS[case]
+    options = dict(options, pad=1, stride=[1, 2], num_output=4)
+    rng = np.random.default_rng(4)
+    shape = (batch, 2, 5, 4)
+    x = rng.standard_normal(shape).astype(np.float32)
+    whole, banded = conv(**options), conv(**options, max_workspace=max_workspace)
+    whole.setup([shape])
+    banded.setup([shape])
+    assert not whole.staged and whole.band_rows == 5
+    assert banded.staged and banded.band_rows == band_rows
+    dy = rng.standard_normal(whole.top_shapes[0]).astype(np.float32)
+    params = {"weight": rng.standard_normal((4, shape[1] // whole.groups, 3, 3))}
+    if whole.bias:
+        params["bias"] = rng.standard_normal(4)
+    expected = forward_backward(kind, whole, x, dy, params)
+    got = forward_backward(kind, banded, x, dy, params)
+    for a, b in zip(got[:2], expected[:2]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert got[2].keys() == expected[2].keys()
+    for key in expected[2]:
+        np.testing.assert_allclose(got[2][key], expected[2][key], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu():
+    """Variants' forward and backward, on cuda and on cpu, float32: the same numbers. One sample
+    each, for the simulator's sake: the sum over samples is the gradient check's to show."""
+    rng = np.random.default_rng(5)
+    for name in ("dilation, non-square", "groups", "no bias"):
+        layer, shape = variant(name)
+        shape = (1,) + shape[1:]
+        layer.setup([shape])
+        x = rng.standard_normal(shape).astype(np.float32)
+        dy = rng.standard_normal(layer.top_shapes[0]).astype(np.float32)
+        params = random_bias(layer, rng)
+        cpu = forward_backward("cpu", variant(name)[0], x, dy, params)
+        cuda = forward_backward("cuda", variant(name)[0], x, dy, params)
+        for a, b in zip(cuda[:2], cpu[:2]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
+        for key in cpu[2]:
+            np.testing.assert_allclose(cuda[2][key], cpu[2][key], rtol=1e-5, atol=1e-5,
+                                       err_msg=f"{name} {key}")
+
+
+def test_backward_overwrites_gradients():
+    """Two backward passes give the same gradients: nothing accumulates into stale values."""
+    layer, shape = variant("banded")
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal(shape)
+    with new_device("cpu", MiB) as device:
+        run = LayerRun(device, layer, [shape], dtype=np.float64)
+        y = run.forward([x])[0]
+        dy = rng.standard_normal(y.shape)
+        first = run.backward([dy])
+        second = run.backward([dy])
+    np.testing.assert_array_equal(first[0][0], second[0][0])
+    for key in first[1]:
+        np.testing.assert_array_equal(first[1][key], second[1][key])
+
+
+def test_against_torch():
+    torch = pytest.importorskip("torch", reason="PyTorch not installed: comparison skipped")
+    rng = np.random.default_rng(7)
+    options = dict(num_output=6, kernel_size=[3, 2], stride=[2, 1], pad=[1, 0], dilation=[1, 2],
+                   groups=2)
+    x = rng.standard_normal((3, 4, 9, 8)).astype(np.float32)
+    for max_workspace in (64 * MiB, 1000):  # whole image, and bands of 2 rows
+        layer = conv(**options, max_workspace=max_workspace)
+        with new_device("cpu", 4 * MiB) as device:
+            run = LayerRun(device, layer, [x.shape])
+            run.set_param("bias", rng.standard_normal(6).astype(np.float32))
+            y = run.forward([x])[0]
+            dy = rng.standard_normal(y.shape).astype(np.float32)
+            (dx,), grads = run.backward([dy])
+            weight, bias = run.param("weight"), run.param("bias")
+        assert layer.staged == (max_workspace == 1000)
+        tx = torch.tensor(x, requires_grad=True)
+        tw = torch.tensor(weight, requires_grad=True)
+        tb = torch.tensor(bias, requires_grad=True)
+        ty = torch.nn.functional.conv2d(tx, tw, tb, stride=(2, 1), padding=(1, 0),
+                                        dilation=(1, 2), groups=2)
+        ty.backward(torch.tensor(dy))
+        close = dict(rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(y, ty.detach().numpy(), **close)
+        np.testing.assert_allclose(dx, tx.grad.numpy(), **close)
+        np.testing.assert_allclose(grads["weight"], tw.grad.numpy(), **close)
+        np.testing.assert_allclose(grads["bias"], tb.grad.numpy(), **close)
+
+
+def test_params_in_pytorch_layout():
+    layer = conv(num_output=8, kernel_size=[3, 2], groups=2, weight_init="xavier")
+    layer.setup([(1, 6, 7, 7)])
+    weight, bias = layer.params()
+    assert (weight.name, weight.shape, weight.init) == ("weight", (8, 3, 3, 2), "xavier")
+    assert (weight.fan_in, weight.fan_out) == (3 * 3 * 2, 8 * 3 * 2)
+    assert (bias.name, bias.shape, bias.init) == ("bias", (8,), "zeros")
+    no_bias = conv(bias=False)
+    no_bias.setup([(1, 1, 3, 3)])
+    assert [p.name for p in no_bias.params()] == ["weight"]
+    assert no_bias.top_shapes == [(1, 4, 1, 1)]
+
+
+def test_workspace_is_one_sample_and_bounded():
+    """Setup only: no compute. The workspace never depends on the batch size, is exactly one
+    sample's col (and ones) when that fits, and stays under max_workspace for a 2240x2240 input."""
+    def workspace(batch, size, **options):
+        layer = conv(num_output=64, pad=1, **options)
+        layer.setup([(batch, 3, size, size)])
+        (spec,) = layer.workspace()
+        return layer, spec.nbytes
+
+    small = [workspace(batch, 32)[1] for batch in (1, 8, 256)]
+    assert small == [(27 + 1) * 32 * 32 * 4] * 3  # col [27, 1024] and 1024 ones, float32
+    for max_workspace in (64 * MiB, MiB):
+        sizes = set()
+        for batch in (1, 32, 1024):
+            layer, nbytes = workspace(batch, 2240, max_workspace=max_workspace)
+            assert layer.staged and 1 <= layer.band_rows < 2240
+            assert nbytes <= max_workspace
+            sizes.add(nbytes)
+        assert len(sizes) == 1
+        # col, staging and ones for one band: [27 + 64 + 1, rows * 2240] float32
+        assert sizes == {(27 + 64 + 1) * layer.band_rows * 2240 * 4}
+    assert workspace(1, 2240)[0].band_rows == 64 * MiB // ((27 + 64 + 1) * 2240 * 4)
+
+
+def test_float64_without_room_for_one_row_says_so():
+    # One float32 row of [9 + 4 + 1, 5] is 280 bytes; a float64 row (560) does not fit in 400.
+    layer = conv(pad=1, max_workspace=400)
+    with new_device("cpu", MiB) as device:
+        run = LayerRun(device, layer, [(1, 1, 5, 5)], dtype=np.float64)
+        with pytest.raises(ValueError, match=r"conv \(Convolution\): a workspace of 280 bytes "
+                                             r"holds no output row of float64"):
+            run.forward([np.zeros((1, 1, 5, 5))])
+
+
+@pytest.mark.parametrize("options, shape, message", [
+    (dict(groups=2), (1, 3, 5, 5),
+     r"^layer conv \(Convolution\): bottom 0 \(x\): expected channels divisible by groups \(2\), "
+     r"found \(1, 3, 5, 5\)$"),
+    (dict(kernel_size=4, pad=1, dilation=2), (1, 1, 4, 9),
+     r"^layer conv \(Convolution\): bottom 0 \(x\): expected an input of at least 7x7 with pad "
+     r"1x1 \(kernel 4x4, dilation 2x2\), found \(1, 1, 4, 9\)$"),
+    (dict(kernel_size=[1, 5]), (1, 1, 8, 4), r"expected an input of at least 1x5 with pad 0x0"),
+    (dict(), (1, 3, 5), r"^layer conv \(Convolution\): bottom 0 \(x\): expected a 4-d shape, "
+                        r"found \(1, 3, 5\)$"),
+    (dict(max_workspace=100), (1, 1, 5, 5),
+     r"^layer conv \(Convolution\): max_workspace: expected at least 168 bytes \(one output row "
+     r"of col for input \(1, 1, 5, 5\)\), found 100$"),
+])
+def test_shape_errors(options, shape, message):
+    layer = conv(**options)
+    with pytest.raises(ShapeError, match=message) as error:
+        layer.setup([shape])
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(num_output=6, groups=4), r"num_output: expected a multiple of groups \(4\), found 6"),
+    (dict(num_output=0), "num_output: expected a positive integer, found 0"),
+    (dict(kernel_size=None), r"kernel_size: expected an integer >= 1 or a pair \[h, w\] of them, "
+                             "found None"),
+    (dict(kernel_size=[3, 3, 3]), r"kernel_size: expected .* found \[3, 3, 3\]"),
+    (dict(stride=0), r"stride: expected an integer >= 1"),
+    (dict(pad=-1), r"pad: expected an integer >= 0"),
+    (dict(dilation=[1, 0]), r"dilation: expected an integer >= 1"),
+    (dict(weight_init="uniform"), r"weight_init: expected 'he' or 'xavier', found 'uniform'"),
+    (dict(max_workspace=0), r"max_workspace: expected a positive integer"),
+])
+def test_option_errors(options, message):
+    with pytest.raises(ShapeError, match=r"^layer conv \(Convolution\): " + message):
+        conv(**options)
