@@ -10,10 +10,10 @@ class MinilmsError(Exception):
 class ConfigError(MinilmsError, ValueError):
     """A bad setting: names where it came from, the key, what was expected and what was found."""
 
-    def __init__(self, key: str, expected: str, found, source: str | None = None):
+    def __init__(self, key: str, expected: str, found, source: str | None = None, hint: str = ""):
         self.key, self.expected, self.found, self.source = key, expected, found, source
         where = f"{source}: " if source else ""
-        super().__init__(f"{where}{key}: expected {expected}, found {found!r}")
+        super().__init__(f"{where}{key}: expected {expected}, found {found!r}{hint}")
 
 
 class OutOfDeviceMemory(MinilmsError, MemoryError):

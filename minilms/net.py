@@ -1,0 +1,288 @@
+"""The net: a DAG of layers built from a config, its blobs with shapes, and its schedule.
+
+Layers name their ``bottom`` and ``top`` blobs (Caffe style), so residual and inception blocks are
+plain configs. As in Caffe, the config order is the execution order: each bottom is an input or a
+top of an earlier layer. A layer may work in place (``top`` equal to its ``bottom``): readers listed
+before it see the old value, readers after it the new one. It may do so only if its backward does
+not read its bottom, and no earlier reader of that blob needs the old value for its backward.
+
+The schedule is what one training iteration does, in order, identically every iteration:
+
+    forward L    for each layer, in config order
+    backward L   in reverse, for layers that feed a loss and lead to something learnable
+    update L     right after backward L, for a layer with learnable parameters
+
+Updating each layer as soon as its backward is done gives the same weights as updating all at the
+end (no later backward step reads them), and lets LMS drop every gradient at once.
+
+Each ``Step`` lists the blobs it reads, writes (every element, old contents not needed), updates
+(reads then writes) and uses as workspace. Those lists are the whole truth the planner works from.
+"""
+import difflib
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import ConfigError
+from .layers import LAYERS, Layer
+
+RESERVED_KEYS = ("name", "type", "bottom", "top")
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    name: str
+    shape: tuple
+    dtype: np.dtype
+    role: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Step:
+    index: int
+    kind: str                   # "forward", "backward", "update"
+    layer: str
+    reads: tuple = ()
+    writes: tuple = ()
+    updates: tuple = ()
+    workspace: tuple = ()
+    # (partial gradient, gradient it is added into) pairs: a blob that feeds several layers
+    accumulate: tuple = field(default=())
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} {self.layer}"
+
+    @property
+    def blobs(self) -> tuple:
+        return self.reads + self.writes + self.updates + self.workspace
+
+
+def suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, [c for c in choices if c != word], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def as_list(value) -> list:
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+def build_layer(spec: dict, where: str) -> Layer:
+    if not isinstance(spec, dict) or "type" not in spec or "name" not in spec:
+        raise ConfigError(where, "a layer with a name and a type", spec)
+    kind, name = spec["type"], spec["name"]
+    if kind not in LAYERS:
+        raise ConfigError(f"{where}.type", f"a layer type ({', '.join(sorted(LAYERS))})"
+                          + suggest(kind, LAYERS), kind)
+    options = {k: v for k, v in spec.items() if k not in RESERVED_KEYS}
+    try:
+        return LAYERS[kind](name, as_list(spec.get("bottom")), as_list(spec.get("top")), **options)
+    except TypeError as error:
+        unknown = [k for k in options if f"'{k}'" in str(error)]
+        if unknown:
+            import inspect
+            accepted = [p for p in inspect.signature(LAYERS[kind].__init__).parameters
+                        if p not in ("self", "name", "bottom", "top")]
+            raise ConfigError(f"{where}.{unknown[0]}", f"an option of {kind} "
+                              f"({', '.join(accepted)})", options[unknown[0]],
+                              hint=suggest(unknown[0], accepted)) from None
+        raise ConfigError(where, f"the options {kind} needs ({error})", options) from None
+
+
+class Net:
+    """``Net(layer_specs, inputs)``: ``inputs`` maps each input blob to ``(shape, dtype)``."""
+
+    def __init__(self, layer_specs: list[dict], inputs: dict, where: str = "model.layers"):
+        self.inputs = {name: (tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in inputs.items()}
+        built = [build_layer(spec, f"{where}[{i}]") for i, spec in enumerate(layer_specs)]
+        names = [layer.name for layer in built]
+        for i, name in enumerate(names):
+            if names.index(name) != i:
+                raise ConfigError(f"{where}[{i}].name", "a layer name used once", name)
+        self.layers = self._ordered(built, where)
+        self.layer = {layer.name: layer for layer in self.layers}
+        self.blobs: dict[str, BlobInfo] = {
+            name: BlobInfo(name, shape, dtype, "input") for name, (shape, dtype) in self.inputs.items()}
+        for layer in self.layers:
+            shapes = [self.blobs[b].shape for b in layer.bottom]
+            dtype = np.dtype(np.float32)
+            for top, shape in zip(layer.top, layer.setup(shapes)):
+                if top not in layer.bottom:
+                    self.blobs[top] = BlobInfo(top, tuple(shape), dtype, "activation")
+                elif tuple(shape) != self.blobs[top].shape:
+                    raise ConfigError(f"layer {layer.name}.top", f"a new blob name: {layer.type} "
+                                      f"changes the shape {self.blobs[top].shape} -> "
+                                      f"{tuple(shape)}, so it cannot work in place", top)
+        self._check_in_place()
+        self.backward_layers = self._backward_layers()
+        self.loss_blobs = [l.top[0] for l in self.layers if l.is_loss]
+
+    # -- structure -------------------------------------------------------------------------------
+    def _ordered(self, layers: list[Layer], where: str) -> list[Layer]:
+        """Check the config order is an execution order (Caffe's rule: each bottom is an input or
+        made by an earlier layer) and that no blob is made twice, except in place."""
+        made_by: dict[str, Layer] = {}
+        position = {layer.name: i for i, layer in enumerate(layers)}
+        for i, layer in enumerate(layers):
+            here = f"{where}[{i}] ({layer.name})"
+            for bottom in layer.bottom:
+                if bottom in self.inputs or bottom in made_by:
+                    continue
+                later = next((l for l in layers[i + 1:] if bottom in l.top), None)
+                if later is None:
+                    known = set(self.inputs) | {t for l in layers for t in l.top}
+                    raise ConfigError(f"{here}.bottom", "a blob made by a layer or an input",
+                                      bottom, hint=suggest(bottom, known))
+                cycle = self._path(layer, later, layers)
+                if cycle:
+                    raise ConfigError(f"{here}.bottom", "a blob from an earlier layer, not a "
+                                      f"cycle ({' -> '.join(cycle + [layer.name])})", bottom)
+                raise ConfigError(f"{here}.bottom", f"a blob from an earlier layer: list "
+                                  f"{later.name} (at {position[later.name]}) before {layer.name}",
+                                  bottom)
+            for top in layer.top:
+                if top in self.inputs:
+                    raise ConfigError(f"{here}.top", "a name that is not an input", top)
+                if top in made_by and top not in layer.bottom:
+                    raise ConfigError(f"{here}.top", f"a blob no other layer makes (also made "
+                                      f"by {made_by[top].name})", top)
+                made_by.setdefault(top, layer)
+        return list(layers)
+
+    @staticmethod
+    def _path(start: Layer, goal: Layer, layers: list[Layer]) -> list[str]:
+        """Layer names on a data path from ``start`` to ``goal`` (top feeds bottom), or []."""
+        came_from = {start.name: None}
+        frontier = [start]
+        while frontier:
+            layer = frontier.pop(0)
+            if layer is goal:
+                path = [goal.name]
+                while came_from[path[-1]] is not None:
+                    path.append(came_from[path[-1]])
+                return path[::-1]
+            for after in layers:
+                if after.name not in came_from and set(layer.top) & set(after.bottom):
+                    came_from[after.name] = layer.name
+                    frontier.append(after)
+        return []
+
+    def _check_in_place(self) -> None:
+        for index, layer in enumerate(self.layers):
+            for blob in set(layer.top) & set(layer.bottom):
+                if "bottom" in layer.backward_reads:
+                    raise ConfigError(f"layer {layer.name}.top", f"a new blob name: {layer.type} "
+                                      "reads its bottom in backward, so it cannot work in place",
+                                      blob)
+                for reader in self.layers[:index]:
+                    if blob in reader.bottom and "bottom" in reader.backward_reads:
+                        raise ConfigError(f"layer {layer.name}.top", f"a new blob name: "
+                                          f"{reader.name} needs {blob} unchanged for its backward",
+                                          blob)
+
+    def _backward_layers(self) -> set:
+        """Layers whose backward runs: they lead to a learnable parameter (forwards) and feed a
+        loss (backwards), Caffe's need_backward and contributes-to-loss."""
+        needs_grad, wants = set(), set()
+        for layer in self.layers:
+            learnable = any(p.learnable for p in layer.params())
+            if layer.has_backward and (learnable or any(b in needs_grad for b in layer.bottom)):
+                wants.add(layer.name)
+                needs_grad.update(layer.top)
+        feeds_loss: set = set()
+        for layer in reversed(self.layers):
+            if layer.is_loss or any(t in feeds_loss for t in layer.top):
+                if layer.name in wants:
+                    feeds_loss.update(layer.bottom)
+            else:
+                wants.discard(layer.name)
+        self.grad_blobs = {b for l in self.layers if l.name in wants for b in l.bottom
+                           if any(b in p.top for p in self.layers if p.name in wants)}
+        return wants
+
+    # -- blobs and the schedule ------------------------------------------------------------------
+    def schedule(self, optimizer_state: tuple = ()) -> list[Step]:
+        """The steps of one training iteration. ``optimizer_state`` names the solver's buffers
+        per parameter (SGD with momentum: ``("momentum",)``; Adam: ``("exp_avg", "exp_avg_sq")``);
+        they become blobs ``<layer>.<param>.<state>``."""
+        steps: list[Step] = []
+        for layer in self.layers:
+            steps.append(self._forward_step(len(steps), layer))
+        written: set = set()
+        for layer in reversed(self.layers):
+            if layer.name in self.backward_layers:
+                steps.append(self._backward_step(len(steps), layer, written))
+                if self.learnable(layer):
+                    steps.append(self._update_step(len(steps), layer, optimizer_state))
+        return steps
+
+    def learnable(self, layer: Layer) -> list:
+        return [p for p in layer.params() if p.learnable]
+
+    def _declare(self, name: str, shape, dtype, role: str) -> str:
+        self.blobs.setdefault(name, BlobInfo(name, tuple(shape), np.dtype(dtype), role))
+        return name
+
+    def _forward_step(self, index: int, layer: Layer) -> Step:
+        prefix = layer.name + "."
+        params = [self._declare(prefix + p.name, p.shape, np.float32, "param") for p in layer.params()]
+        learned = {prefix + p.name for p in self.learnable(layer)}
+        in_place = [t for t in layer.top if t in layer.bottom]
+        return Step(
+            index, "forward", layer.name,
+            reads=tuple(b for b in layer.bottom if b not in in_place) + tuple(p for p in params if p in learned),
+            writes=tuple(t for t in layer.top if t not in in_place)
+            + tuple(self._declare(prefix + b.name, b.shape, b.dtype, "activation") for b in layer.saved()),
+            updates=tuple(in_place) + tuple(p for p in params if p not in learned),
+            workspace=tuple(self._declare(prefix + b.name, b.shape, b.dtype, "workspace")
+                            for b in layer.workspace()))
+
+    def _backward_step(self, index: int, layer: Layer, written: set) -> Step:
+        prefix = layer.name + "."
+        top_grads = []
+        for top in layer.top:
+            if top in self.grad_blobs or top in self.loss_blobs:
+                top_grads.append(self._declare(top + ".grad", self.blobs[top].shape, np.float32,
+                                               "activation_grad"))
+        reads = [g for g in top_grads if g[:-5] not in layer.bottom]
+        reads += [b for b in layer.bottom if "bottom" in layer.backward_reads]
+        reads += [t for t in layer.top if "top" in layer.backward_reads and t not in reads]
+        reads += [prefix + p.name for p in layer.params()]
+        reads += [prefix + b.name for b in layer.saved()]
+        writes, updates, accumulate = [], [], []
+        for bottom in layer.bottom:
+            if bottom not in self.grad_blobs:
+                continue
+            grad = self._declare(bottom + ".grad", self.blobs[bottom].shape, np.float32,
+                                 "activation_grad")
+            if bottom in layer.top:  # in place: dx overwrites dy in the same blob
+                updates.append(grad)
+            elif grad in written:  # another reader of this blob already wrote its gradient
+                part = self._declare(f"{grad}@{layer.name}", self.blobs[bottom].shape, np.float32,
+                                     "activation_grad")
+                writes.append(part)
+                updates.append(grad)
+                accumulate.append((part, grad))
+            else:
+                writes.append(grad)
+            written.add(grad)
+        writes += [self._declare(prefix + p.name + ".grad", p.shape, np.float32, "param_grad")
+                   for p in self.learnable(layer)]
+        return Step(index, "backward", layer.name, reads=tuple(dict.fromkeys(reads)),
+                    writes=tuple(writes), updates=tuple(updates),
+                    workspace=tuple(prefix + b.name for b in layer.workspace()),
+                    accumulate=tuple(accumulate))
+
+    def _update_step(self, index: int, layer: Layer, optimizer_state: tuple) -> Step:
+        prefix = layer.name + "."
+        params = self.learnable(layer)
+        states = tuple(self._declare(f"{prefix}{p.name}.{state}", p.shape, np.float32,
+                                     "optimizer_state") for p in params for state in optimizer_state)
+        return Step(index, "update", layer.name,
+                    reads=tuple(prefix + p.name + ".grad" for p in params),
+                    updates=tuple(prefix + p.name for p in params) + states)
