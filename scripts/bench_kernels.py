@@ -15,6 +15,8 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+import minilms  # noqa: F401  (first: it sets the OpenMP wait policy before any thread pool starts)
+
 GOAL_ALL, GOAL_CONV = 0.5, 1.0
 
 
