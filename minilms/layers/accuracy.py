@@ -45,17 +45,10 @@ class Accuracy(Layer):
 
     def infer(self, bottom_shapes):
         logits, labels = bottom_shapes
-        self.expect_rank(0, logits, (2, 4))
-        if len(logits) == 4 and logits[2:] != (1, 1):
-            raise ShapeError(self, f"bottom 0 ({self.bottom[0]})", "[N, K] or [N, K, 1, 1]",
-                             logits)
-        if logits[0] < 1:
-            raise ShapeError(self, f"bottom 0 ({self.bottom[0]})", "at least one sample", logits)
+        self.expect_logits_and_labels(logits, labels)
         if self.top_k > logits[1]:
             raise ShapeError(self, "top_k", f"at most the {logits[1]} classes of bottom 0",
                              self.top_k)
-        if tuple(labels) != (logits[0],):
-            raise ShapeError(self, f"bottom 1 ({self.bottom[1]})", f"labels [{logits[0]}]", labels)
         return [(1,)]
 
     def workspace(self):

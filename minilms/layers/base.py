@@ -138,5 +138,17 @@ class Layer:
             raise ShapeError(self, f"bottom {index} ({self.bottom[index]})", f"a {want} shape",
                              shape)
 
+    def expect_logits_and_labels(self, logits: tuple, labels: tuple) -> None:
+        """Bottoms of a classifier head: logits ``[N, K]`` (or ``[N, K, 1, 1]``), labels ``[N]``."""
+        self.expect_rank(0, logits, (2, 4))
+        if len(logits) == 4 and logits[2:] != (1, 1):
+            raise ShapeError(self, f"bottom 0 ({self.bottom[0]})", "[N, K] or [N, K, 1, 1]",
+                             logits)
+        if logits[0] < 1 or logits[1] < 1:
+            raise ShapeError(self, f"bottom 0 ({self.bottom[0]})",
+                             "at least one sample and one class", logits)
+        if tuple(labels) != (logits[0],):
+            raise ShapeError(self, f"bottom 1 ({self.bottom[1]})", f"labels [{logits[0]}]", labels)
+
     def __repr__(self) -> str:
         return f"<{self.type} {self.name}: {self.bottom} -> {self.top}>"

@@ -63,15 +63,7 @@ class SoftmaxWithLoss(Layer):
         self.dtype = float_dtype(self, dtype)
 
     def infer(self, bottom_shapes):
-        logits, labels = bottom_shapes
-        self.expect_rank(0, logits, (2, 4))
-        if len(logits) == 4 and logits[2:] != (1, 1):
-            raise ShapeError(self, f"bottom 0 ({self.bottom[0]})", "[N, K] or [N, K, 1, 1]",
-                             logits)
-        if logits[1] < 1:
-            raise ShapeError(self, f"bottom 0 ({self.bottom[0]})", "at least one class", logits)
-        if tuple(labels) != (logits[0],):
-            raise ShapeError(self, f"bottom 1 ({self.bottom[1]})", f"labels [{logits[0]}]", labels)
+        self.expect_logits_and_labels(*bottom_shapes)
         return [(1,)]
 
     def saved(self):

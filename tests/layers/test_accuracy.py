@@ -83,7 +83,7 @@ def test_errors():
         ([(4, 3), (5,)], {}, r"bottom 1 \(label\): expected labels \[4\], found \(5,\)$"),
         ([(4, 3, 2), (4,)], {}, r"bottom 0 \(logits\): expected a 2-d or 4-d shape, found \(4, 3, 2\)$"),
         ([(4, 3, 1, 2), (4,)], {}, r"bottom 0 \(logits\): expected \[N, K\] or \[N, K, 1, 1\]"),
-        ([(0, 3), (0,)], {}, r"bottom 0 \(logits\): expected at least one sample, found \(0, 3\)$"),
+        ([(0, 3), (0,)], {}, r"bottom 0 \(logits\): expected at least one sample and one class, found \(0, 3\)$"),
     ]:
         with pytest.raises(ShapeError, match=prefix + message):
             make(**options).setup(shapes)
