@@ -237,9 +237,11 @@ class Net:
             index, "forward", layer.name,
             reads=tuple(b for b in layer.bottom if b not in in_place) + tuple(p for p in params if p in learned),
             writes=tuple(t for t in layer.top if t not in in_place)
-            + tuple(self._declare(prefix + b.name, b.shape, b.dtype, "activation") for b in layer.saved()),
+            + tuple(self._declare(prefix + b.name, b.shape, b.dtype_in(np.float32), "activation")
+                    for b in layer.saved()),
             updates=tuple(in_place) + tuple(p for p in params if p not in learned),
-            workspace=tuple(self._declare(prefix + b.name, b.shape, b.dtype, "workspace")
+            workspace=tuple(self._declare(prefix + b.name, b.shape, b.dtype_in(np.float32),
+                                          "workspace")
                             for b in layer.workspace()))
 
     def _backward_step(self, index: int, layer: Layer, written: set) -> Step:

@@ -64,13 +64,23 @@ class ParamSpec:
 
 @dataclass(frozen=True)
 class BufferSpec:
+    """A saved or workspace buffer. ``dtype=None`` (the default) means the run's float dtype
+    (float32 in training, float64 in a gradient check): layers size float buffers without knowing
+    it; whoever allocates calls ``dtype_in(run_dtype)``. Integer buffers name their dtype."""
     name: str
     shape: tuple
-    dtype: np.dtype = np.dtype(np.float32)
+    dtype: np.dtype | None = None
+
+    def dtype_in(self, run_dtype) -> np.dtype:
+        return np.dtype(run_dtype if self.dtype is None else self.dtype)
+
+    def nbytes_in(self, run_dtype=np.float32) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype_in(run_dtype).itemsize
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        """Bytes in a float32 run, the training dtype."""
+        return self.nbytes_in(np.float32)
 
 
 @dataclass

@@ -27,8 +27,9 @@ class LayerRun:
         self.params = {p.name: blob(p.name, p.shape, "param") for p in self.specs.values()}
         self.param_grad = {p.name: blob(f"{p.name}.grad", p.shape, "param_grad")
                            for p in self.specs.values() if p.learnable}
-        self.saved = {b.name: blob(b.name, b.shape, "activation", b.dtype) for b in layer.saved()}
-        self.work = {b.name: blob(b.name, b.shape, "workspace", b.dtype)
+        self.saved = {b.name: blob(b.name, b.shape, "activation", b.dtype_in(dtype))
+                      for b in layer.saved()}
+        self.work = {b.name: blob(b.name, b.shape, "workspace", b.dtype_in(dtype))
                      for b in layer.workspace()}
         self.top_grad = [blob(f"top{i}.grad", s, "activation_grad") for i, s in enumerate(top_shapes)]
         self.bottom_grad = [blob(f"bottom{i}.grad", s, "activation_grad")
