@@ -1,0 +1,131 @@
+"""The executor: runs a net's schedule on a device, one step at a time.
+
+Every blob of the net is a ``Blob`` (its home on the host). ``ResidentExecutor`` is LMS off: every
+blob is placed in the pool once and stays, so it needs the whole net to fit, and it is the
+reference every LMS plan must reproduce bit for bit. A step turns into one layer call: its blobs'
+device arrays are gathered into a ``StepIO`` (reads synced in, writes claimed without a copy), then
+the layer runs; a backward step adds partial gradients where a blob feeds several layers; an update
+step hands parameters, gradients and state to the solver.
+"""
+import numpy as np
+
+from .blob import Blob
+from .errors import OutOfDeviceMemory
+from .kernels.elementwise import accumulate
+from .layers import StepIO
+from .net import Net, Step
+from .pool import align_up
+from .sizes import format_bytes
+
+
+class ResidentExecutor:
+    def __init__(self, net: Net, device, solver=None, seed: int = 0):
+        self.net, self.device, self.solver = net, device, solver
+        self.iteration = 0
+        self.steps = net.schedule(tuple(solver.state_names) if solver else ())
+        self.blobs = {name: Blob(device, name, info.shape, info.dtype, info.role)
+                      for name, info in net.blobs.items()}
+        self.rng = np.random.default_rng(seed)
+        need = sum(align_up(b.nbytes) for b in self.blobs.values())
+        if need > device.pool.capacity:
+            raise OutOfDeviceMemory(
+                f"LMS off needs every blob resident: {format_bytes(need)} for {len(self.blobs)} "
+                f"blobs, but the pool holds {format_bytes(device.pool.capacity)}: turn LMS on "
+                f"(lms.enabled) or raise device.memory")
+        for blob in self.blobs.values():
+            blob.place()
+        self.initialise(seed)
+
+    def initialise(self, seed: int) -> None:
+        """Parameters from their initialisers (seeded), optimizer state zeroed."""
+        rng = np.random.default_rng(seed)
+        for layer in self.net.layers:
+            for spec in layer.params():
+                blob = self.blobs[f"{layer.name}.{spec.name}"]
+                blob.mutable_host_data()[...] = spec.initial(rng, blob.dtype)
+        for blob in self.blobs.values():
+            if blob.role == "optimizer_state":
+                blob.mutable_host_data()[...] = 0
+
+    def stream(self):
+        return self.device.compute_stream if self.device.kind == "cuda" else None
+
+    # -- one iteration ---------------------------------------------------------------------------
+    def iterate(self, inputs: dict, train: bool = True) -> dict:
+        """Run the schedule once on ``inputs`` (host arrays by input name); returns the loss and
+        accuracy blobs' values. Without a solver, or with ``train=False``, only forward runs."""
+        solver = self.solver if train else None
+        if solver is not None:
+            solver.begin_iteration(self.iteration)
+            self.iteration += 1
+        for name, value in inputs.items():
+            self.blobs[name].mutable_host_data(overwrite=True)[...] = value
+        for loss in self.net.loss_blobs:
+            self.blobs[f"{loss}.grad"].mutable_host_data(overwrite=True)[...] = 1.0
+        for step in self.steps:
+            if step.kind == "forward":
+                self.forward(step, train)
+            elif solver is not None:
+                self.backward(step) if step.kind == "backward" else self.update(step, solver)
+        self.device.synchronize()
+        outputs = [l.top[0] for l in self.net.layers if l.is_loss or l.type == "Accuracy"]
+        return {name: float(self.blobs[name].host_data()[0]) for name in outputs}
+
+    def _read(self, name):
+        return self.blobs[name].device_data()
+
+    def _write(self, name):
+        return self.blobs[name].mutable_device_data(overwrite=True)
+
+    def _update(self, name):
+        return self.blobs[name].mutable_device_data()
+
+    def _buffers(self, layer, specs, claim):
+        return {spec.name: claim(f"{layer.name}.{spec.name}") for spec in specs}
+
+    def forward(self, step: Step, train: bool) -> None:
+        layer = self.net.layer[step.layer]
+        bottom = [self._update(b) if b in layer.top else self._read(b) for b in layer.bottom]
+        top = [self._update(t) if t in layer.bottom else self._write(t) for t in layer.top]
+        params = {p.name: (self._read if p.learnable else self._update)(f"{layer.name}.{p.name}")
+                  for p in layer.params()}
+        io = StepIO(bottom=bottom, top=top, params=params,
+                    saved=self._buffers(layer, layer.saved(), self._write),
+                    work=self._buffers(layer, layer.workspace(), self._write),
+                    train=train, rng=self.rng, stream=self.stream())
+        layer.forward(io)
+
+    def backward(self, step: Step) -> None:
+        layer = self.net.layer[step.layer]
+        reads = layer.backward_reads
+        targets = dict((grad, part) for part, grad in step.accumulate)
+        bottom_grad = []
+        for b in layer.bottom:
+            grad = f"{b}.grad"
+            if b not in self.net.grad_blobs:
+                bottom_grad.append(None)
+            elif b in layer.top:
+                bottom_grad.append(self._update(grad))
+            else:
+                bottom_grad.append(self._write(targets.get(grad, grad)))
+        top_grad = [self._read(f"{t}.grad") if f"{t}.grad" in self.blobs else None
+                    for t in layer.top]
+        io = StepIO(bottom=[self._read(b) if "bottom" in reads else None for b in layer.bottom],
+                    top=[self._read(t) if "top" in reads else None for t in layer.top],
+                    params={p.name: self._read(f"{layer.name}.{p.name}") for p in layer.params()},
+                    saved=self._buffers(layer, layer.saved(), self._read),
+                    work=self._buffers(layer, layer.workspace(), self._write),
+                    top_grad=top_grad, bottom_grad=bottom_grad,
+                    param_grad={p.name: self._write(f"{layer.name}.{p.name}.grad")
+                                for p in self.net.learnable(layer)},
+                    train=True, rng=self.rng, stream=self.stream())
+        layer.backward(io)
+        for part, grad in step.accumulate:
+            accumulate(self._update(grad), self._read(part), self.stream())
+
+    def update(self, step: Step, solver) -> None:
+        layer = self.net.layer[step.layer]
+        for spec in self.net.learnable(layer):
+            name = f"{layer.name}.{spec.name}"
+            states = [self._update(f"{name}.{s}") for s in solver.state_names]
+            solver.update(self._update(name), self._read(f"{name}.grad"), states, self.stream())

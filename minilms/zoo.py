@@ -1,0 +1,131 @@
+"""The model zoo: layer lists for LeNet, ResNet-18/34/50/101/152 and GoogLeNet.
+
+Each function returns the ``model.layers`` list a config would hold, ending in a SoftmaxWithLoss
+named ``loss`` and an Accuracy named ``accuracy`` over the inputs ``data`` and ``label``. ``width``
+divides every channel count (at least 1 channel stays), so the same topology can be trained at
+toy size under the CUDA simulator or studied at full size by the planner.
+
+GoogLeNet is torchvision's: every convolution is followed by BatchNorm, so no LRN, and its 5x5
+branch really is 5x5 (as in the paper).
+"""
+
+
+class _Builder:
+    def __init__(self, width: int):
+        self.width, self.layers = max(1, int(width)), []
+
+    def channels(self, c: int) -> int:
+        return max(1, c // self.width)
+
+    def add(self, name, type_, bottom, **options):
+        self.layers.append({"name": name, "type": type_, "bottom": bottom, "top": name, **options})
+        return name
+
+    def conv_bn(self, name, bottom, out, kernel, stride=1, pad=0, relu=True):
+        top = self.add(name, "Convolution", bottom, num_output=self.channels(out),
+                       kernel_size=kernel, stride=stride, pad=pad, bias=False)
+        top = self.add(f"{name}_bn", "BatchNorm", top)
+        if relu:
+            self.layers.append({"name": f"{name}_relu", "type": "ReLU", "bottom": top, "top": top})
+        return top
+
+    def head(self, bottom, num_classes, dropout=0.0):
+        top = self.add("pool_final", "Pooling", bottom, pool="ave", global_pooling=True)
+        if dropout:
+            top = self.add("dropout", "Dropout", top, ratio=dropout)
+        top = self.add("fc", "InnerProduct", top, num_output=num_classes)
+        self.layers.append({"name": "loss", "type": "SoftmaxWithLoss", "bottom": [top, "label"],
+                            "top": "loss"})
+        self.layers.append({"name": "accuracy", "type": "Accuracy", "bottom": [top, "label"],
+                            "top": "accuracy"})
+        return self.layers
+
+
+def lenet(num_classes: int = 10) -> list:
+    """Caffe's LeNet for 28x28 MNIST: conv 20@5x5, max pool, conv 50@5x5, max pool, fc 500, fc."""
+    b = _Builder(1)
+    top = b.add("conv1", "Convolution", "data", num_output=20, kernel_size=5)
+    top = b.add("pool1", "Pooling", top, pool="max", kernel_size=2, stride=2)
+    top = b.add("conv2", "Convolution", top, num_output=50, kernel_size=5)
+    top = b.add("pool2", "Pooling", top, pool="max", kernel_size=2, stride=2)
+    top = b.add("ip1", "InnerProduct", top, num_output=500)
+    b.layers.append({"name": "relu1", "type": "ReLU", "bottom": top, "top": top})
+    top = b.add("ip2", "InnerProduct", top, num_output=num_classes)
+    b.layers.append({"name": "loss", "type": "SoftmaxWithLoss", "bottom": [top, "label"],
+                     "top": "loss"})
+    b.layers.append({"name": "accuracy", "type": "Accuracy", "bottom": [top, "label"],
+                     "top": "accuracy"})
+    return b.layers
+
+
+RESNET_BLOCKS = {18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)),
+                 50: ("bottleneck", (3, 4, 6, 3)), 101: ("bottleneck", (3, 4, 23, 3)),
+                 152: ("bottleneck", (3, 8, 36, 3))}
+
+
+def resnet(depth: int = 18, num_classes: int = 1000, width: int = 1) -> list:
+    """He et al.'s ResNet (v1.5: stride in the 3x3 of a bottleneck), for 224x224 ImageNet images;
+    any input of at least 32x32 works."""
+    if depth not in RESNET_BLOCKS:
+        raise ValueError(f"ResNet depth must be one of {sorted(RESNET_BLOCKS)}, found {depth}")
+    kind, counts = RESNET_BLOCKS[depth]
+    b = _Builder(width)
+    top = b.conv_bn("conv1", "data", 64, 7, stride=2, pad=3)
+    top = b.add("pool1", "Pooling", top, pool="max", kernel_size=3, stride=2, pad=1)
+    in_channels = 64
+    for stage, count in enumerate(counts):
+        planes = 64 * 2 ** stage
+        out = planes * (4 if kind == "bottleneck" else 1)
+        for block in range(count):
+            name = f"res{stage + 2}{chr(ord('a') + block) if count <= 26 else block}"
+            stride = 2 if stage > 0 and block == 0 else 1
+            shortcut = top
+            if stride != 1 or in_channels != out:
+                shortcut = b.conv_bn(f"{name}_proj", top, out, 1, stride=stride, relu=False)
+            if kind == "basic":
+                x = b.conv_bn(f"{name}_1", top, planes, 3, stride=stride, pad=1)
+                x = b.conv_bn(f"{name}_2", x, planes, 3, pad=1, relu=False)
+            else:
+                x = b.conv_bn(f"{name}_1", top, planes, 1)
+                x = b.conv_bn(f"{name}_2", x, planes, 3, stride=stride, pad=1)
+                x = b.conv_bn(f"{name}_3", x, out, 1, relu=False)
+            top = b.add(name, "Eltwise", [shortcut, x])
+            b.layers.append({"name": f"{name}_relu", "type": "ReLU", "bottom": top, "top": top})
+            in_channels = out
+    return b.head(top, num_classes)
+
+
+# (1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool projection) per inception block
+INCEPTION = {"3a": (64, 96, 128, 16, 32, 32), "3b": (128, 128, 192, 32, 96, 64),
+             "4a": (192, 96, 208, 16, 48, 64), "4b": (160, 112, 224, 24, 64, 64),
+             "4c": (128, 128, 256, 24, 64, 64), "4d": (112, 144, 288, 32, 64, 64),
+             "4e": (256, 160, 320, 32, 128, 128), "5a": (256, 160, 320, 32, 128, 128),
+             "5b": (384, 192, 384, 48, 128, 128)}
+
+
+def googlenet(num_classes: int = 1000, width: int = 1) -> list:
+    """Szegedy et al.'s GoogLeNet (Inception v1) with BatchNorm, for 224x224 images (the TF LMS
+    document trains it at 2240x2240)."""
+    b = _Builder(width)
+    top = b.conv_bn("conv1", "data", 64, 7, stride=2, pad=3)
+    top = b.add("pool1", "Pooling", top, pool="max", kernel_size=3, stride=2, ceil_mode=True)
+    top = b.conv_bn("conv2", top, 64, 1)
+    top = b.conv_bn("conv3", top, 192, 3, pad=1)
+    top = b.add("pool2", "Pooling", top, pool="max", kernel_size=3, stride=2, ceil_mode=True)
+    for name, (c1, c3r, c3, c5r, c5, pp) in INCEPTION.items():
+        if name in ("4a", "5a"):
+            top = b.add(f"pool_{name}", "Pooling", top, pool="max", kernel_size=3, stride=2,
+                        ceil_mode=True)
+        branches = [b.conv_bn(f"inc{name}_1x1", top, c1, 1),
+                    b.conv_bn(f"inc{name}_3x3", b.conv_bn(f"inc{name}_3x3r", top, c3r, 1), c3, 3, pad=1),
+                    b.conv_bn(f"inc{name}_5x5", b.conv_bn(f"inc{name}_5x5r", top, c5r, 1), c5, 5, pad=2),
+                    b.conv_bn(f"inc{name}_pp", b.add(f"inc{name}_pool", "Pooling", top, pool="max",
+                                                     kernel_size=3, stride=1, pad=1), pp, 1)]
+        top = b.add(f"inc{name}", "Concat", branches)
+    return b.head(top, num_classes, dropout=0.2)
+
+
+MODELS = {"lenet": lenet, "resnet18": lambda **kw: resnet(18, **kw),
+          "resnet34": lambda **kw: resnet(34, **kw), "resnet50": lambda **kw: resnet(50, **kw),
+          "resnet101": lambda **kw: resnet(101, **kw), "resnet152": lambda **kw: resnet(152, **kw),
+          "googlenet": googlenet}
