@@ -21,9 +21,9 @@ with ``xhat = (x - mean) * invstd``::
     dx    = gamma * invstd * (dy - dbeta / M - xhat * dgamma / M)
 
 Backward reads the bottom ``x`` (and the saved ``mean``/``invstd``). Without ``affine``, gamma = 1
-and beta = 0 live in a ``[C]`` workspace. ``dtype`` is the float dtype of the saved and workspace
-buffers, which must match the data's (the runner allocates them from these declarations).
-The kernels are in ``minilms.kernels.batchnorm``.
+and beta = 0 live in a ``[C]`` workspace. The saved and workspace buffers are declared in the run's
+float dtype (``BufferSpec(dtype=None)``), which is the data's. The kernels are in
+``minilms.kernels.batchnorm``.
 """
 import numbers
 
@@ -101,7 +101,7 @@ class BatchNorm(Layer):
     backward_reads = frozenset({"bottom"})
 
     def __init__(self, name, bottom, top, momentum: float = 0.1, eps: float = 1e-5,
-                 affine: bool = True, dtype="float32"):
+                 affine: bool = True):
         super().__init__(name, bottom, top)
         if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) \
                 or not 0.0 <= momentum <= 1.0:
@@ -111,7 +111,6 @@ class BatchNorm(Layer):
         if not isinstance(affine, bool):
             raise ShapeError(self, "affine", "true or false", repr(affine))
         self.momentum, self.eps, self.affine = float(momentum), float(eps), affine
-        self.dtype = float_dtype(self, dtype)
 
     def infer(self, bottom_shapes):
         shape = bottom_shapes[0]
@@ -132,19 +131,19 @@ class BatchNorm(Layer):
                          ParamSpec("running_var", c, "ones", learnable=False)]
 
     def saved(self):
-        return [BufferSpec("mean", (self.channels,), self.dtype),
-                BufferSpec("invstd", (self.channels,), self.dtype)]
+        return [BufferSpec("mean", (self.channels,)), BufferSpec("invstd", (self.channels,))]
 
     def workspace(self):
         # dweight/dbias: where parameter gradients go when none are wanted (no affine, or frozen)
         names = ("dweight", "dbias") if self.affine else ("weight", "bias", "dweight", "dbias")
-        return [BufferSpec(name, (self.channels,), self.dtype) for name in names]
+        return [BufferSpec(name, (self.channels,)) for name in names]
 
     def _check_dtype(self, x, buffers) -> None:
+        """The buffers come in the run's dtype: data of another dtype would reach the kernels
+        mixed (and compile, or fail, far from here)."""
         for key, array in buffers.items():
             if array.dtype != x.dtype:
-                raise ShapeError(self, f"dtype of {key}", f"the data's {x.dtype} "
-                                 "(set the layer's dtype option)", array.dtype)
+                raise ShapeError(self, f"dtype of {key}", f"the data's {x.dtype}", array.dtype)
 
     def forward(self, io):
         x, y = io.bottom[0], io.top[0]
@@ -184,13 +183,3 @@ class BatchNorm(Layer):
             fill(gamma, 1.0, io.stream)
         batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, io.stream)
 
-
-def float_dtype(layer, dtype) -> np.dtype:
-    """``dtype`` as a float32 or float64 numpy dtype, or a ShapeError naming ``layer``."""
-    try:
-        value = None if dtype is None else np.dtype(dtype)
-    except TypeError:
-        value = None
-    if value is None or value not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise ShapeError(layer, "dtype", "float32 or float64", repr(dtype))
-    return value

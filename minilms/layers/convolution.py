@@ -1,4 +1,4 @@
-"""Convolution: ``[N, C, H, W] -> [N, num_output, OH, OW]`` as im2col + GEMM, one sample at a time.
+"""Convolution: ``[N, C, H, W] -> [N, num_output, OH, OW]`` as im2col + GEMM.
 
 Options: ``num_output``, ``kernel_size`` (an int or ``[h, w]``), ``stride`` (1), ``pad`` (0),
 ``dilation`` (1), ``bias`` (True), ``groups`` (1), ``weight_init`` ("he" or "xavier") and
@@ -16,21 +16,25 @@ gradients: ``dweight_g = sum_n dy_g[n] @ col^T`` (the first sample writes, the o
 ``dbias_g = sum_n dy_g[n] @ ones``, and ``dx[n]`` = col2im of ``weight_g^T @ dy_g[n]`` after ``dx``
 is zeroed (col2im adds).
 
-The workspace is one sample's ``col``, never the batch's. When it would exceed ``max_workspace``
-(a 2240x2240 input), the output is walked in bands of output rows: ``col`` holds one band's
-columns, and since a band of ``top[n]`` (or of ``dy[n]``) is not contiguous across channels, the
-GEMM goes through a staging buffer ``[out / groups, band]`` that a copy kernel moves into place.
+Three ways through, chosen by the workspace (``col``, float elements in the run's dtype, sized in
+``setup`` from ``max_workspace``, which counts float32 bytes: a float64 run, the gradient checks,
+takes the same elements at twice the bytes):
 
-The workspace is declared as bytes (uint8) and viewed as the run's dtype: ``setup`` cannot know the
-dtype, so it sizes the bytes for float32 (what trains) and a float64 run (the CPU gradient checks)
-plans its own bands in the same bytes, with about half the rows. Where that would be no row at all
-(a whole-image col smaller than one float64 band row: layers with few output rows), the bytes are
-raised to one float64 row, within ``max_workspace``; a float32 run leaves the extra unused.
+* chunks (``cpu`` device only): while the columns of ``chunk >= 1`` whole samples fit, the workspace
+  holds ``min(N, chunk)`` samples' ``col`` and transposed ``dy``, and ``minilms.kernels.conv_cpu``
+  runs a chunk in a handful of calls (batched im2col, one GEMM per group, numpy for the bias).
+  The workspace grows with the batch only up to ``max_workspace``.
+* one sample at a time (``cuda``, whose launches are cheap; or the ``cpu`` when no whole sample's
+  chunk fits): as written above, ``col`` and the ones in the workspace.
+* bands: when even one sample's ``col`` exceeds ``max_workspace`` (a 2240x2240 input), the output
+  is walked in bands of output rows: ``col`` holds one band's columns, and since a band of
+  ``top[n]`` (or of ``dy[n]``) is not contiguous across channels, the GEMM goes through a staging
+  buffer ``[out / groups, band]`` that a copy kernel moves into place.
 """
 import numpy as np
 from numba import cuda
 
-from ..kernels import cuda_kernel, on_cpu
+from ..kernels import conv_cpu, cuda_kernel, on_cpu
 from ..kernels.elementwise import fill
 from ..kernels.gemm import gemm
 from ..kernels.im2col import col2im, conv_out_size, im2col
@@ -132,36 +136,25 @@ class Convolution(Layer):
         self._size_workspace(shape)
         return [(n, self.num_output, out_h, out_w)]
 
-    def _plan(self, itemsize: int, budget: int) -> tuple[int, bool]:
-        """``(output rows per band, staged)`` for elements of ``itemsize`` bytes in ``budget``
-        bytes: every row at once and unstaged when one sample's ``col`` (and the ones) fit; else
-        bands, each needing ``col``, a staging buffer and ones. Rows 0: not even one row fits."""
-        ones = int(self.bias)
-        whole = (self.k + ones) * self.out_h * self.out_w * itemsize
-        if whole <= budget:
-            return self.out_h, False
-        per_row = (self.k + self.out_group + ones) * self.out_w * itemsize
-        return budget // per_row, True
-
-    def _elements(self, rows: int, staged: bool) -> int:
-        """Elements of the workspace that a plan uses: col, the staging buffer, the ones."""
-        width = rows * self.out_w
-        return width * (self.k + int(self.bias) + (self.out_group if staged else 0))
-
     def _size_workspace(self, shape):
-        budget = self.max_workspace // 8 * 8
-        rows, staged = self._plan(4, budget)
-        if rows < 1:
-            one_row = (self.k + self.out_group + int(self.bias)) * self.out_w * 4
-            raise ShapeError(self, "max_workspace",
-                             f"at least {one_row} bytes (one output row of col for input {shape})",
-                             self.max_workspace)
-        nbytes = -(-self._elements(rows, staged) * 4 // 8) * 8
-        row64 = (self.k + self.out_group + int(self.bias)) * self.out_w * 8
-        if self._plan(8, nbytes)[0] < 1 and row64 <= budget:  # one float64 row, where it fits
-            nbytes = row64
-        self.band_rows, self.staged = rows, staged   # the float32 plan, for people and tests
-        self.workspace_bytes = nbytes
+        """The plan, in float elements: ``chunk`` (samples per cpu chunk, 0: none fits),
+        ``band_rows`` and ``staged`` (the per-sample plan), and the workspace's ``elements``."""
+        budget = self.max_workspace // 4          # float32 elements
+        plane, ones = self.out_h * self.out_w, int(self.bias)
+        per_sample = (self.groups * self.k + self.num_output) * plane   # col and dyT of a chunk
+        self.chunk = min(shape[0], budget // per_sample)
+        self.band_rows, self.staged = self.out_h, False
+        if self.chunk >= 1:
+            self.elements = self.chunk * per_sample   # holds one sample's col and ones as well
+        elif (self.k + ones) * plane <= budget:
+            self.elements = (self.k + ones) * plane
+        else:
+            per_row = (self.k + self.out_group + ones) * self.out_w
+            if budget < per_row:
+                raise ShapeError(self, "max_workspace", f"at least {per_row * 4} bytes (one "
+                                 f"output row of col for input {shape})", self.max_workspace)
+            self.band_rows, self.staged = budget // per_row, True
+            self.elements = self.band_rows * per_row
 
     # -- declarations --------------------------------------------------------------------------
     def params(self):
@@ -176,30 +169,27 @@ class Convolution(Layer):
         return specs
 
     def workspace(self):
-        return [BufferSpec("col", (self.workspace_bytes,), np.dtype(np.uint8))]
+        return [BufferSpec("col", (self.elements,))]   # the run's float dtype
 
     # -- compute -------------------------------------------------------------------------------
-    def _buffers(self, work, dtype):
-        """``(rows per band, staged, flat)``: the plan for ``dtype`` and the workspace as ``dtype``."""
-        itemsize = np.dtype(dtype).itemsize
-        # float32 runs the plan the workspace was sized for; others fit theirs in the same bytes.
-        rows, staged = (self.band_rows, self.staged) if itemsize == 4 else \
-            self._plan(itemsize, work.size)
-        if rows < 1:
-            raise ValueError(f"layer {self.name} ({self.type}): a workspace of {work.size} bytes "
-                             f"holds no output row of {np.dtype(dtype)}: raise max_workspace")
-        flat = work[:work.size // itemsize * itemsize].view(dtype)
-        return rows, staged, flat
+    def _workspace(self, io, data):
+        """The flat workspace, checked: it must come in the data's dtype (``dtype_in(run_dtype)``)."""
+        work = io.work["col"]
+        if work.dtype != data.dtype or work.size < self.elements:
+            raise ValueError(f"layer {self.name} ({self.type}): workspace col is {work.size} "
+                             f"{work.dtype}, expected {self.elements} {data.dtype} (the data's "
+                             "dtype: allocate BufferSpec(dtype=None) with dtype_in(run dtype))")
+        return work
 
-    def _views(self, flat, rows, staged, r0, r1):
+    def _views(self, flat, r0, r1):
         """``col [K, L]``, ``stage [out / groups, L]`` (None unstaged), ``ones [L]`` (None without
         bias) for the band ``r0 .. r1`` (``L = (r1 - r0) * OW``); each contiguous."""
         width = (r1 - r0) * self.out_w
-        full = rows * self.out_w
+        full = self.band_rows * self.out_w
         col = flat[:self.k * width].reshape(self.k, width)
         at = self.k * full
         stage = None
-        if staged:
+        if self.staged:
             stage = flat[at:at + self.out_group * width].reshape(self.out_group, width)
             at += self.out_group * full
         ones = flat[at:at + width] if self.bias else None
@@ -210,12 +200,16 @@ class Convolution(Layer):
 
     def forward(self, io):
         x, y = io.bottom[0], io.top[0]
-        n_samples = x.shape[0]
-        rows, staged, flat = self._buffers(io.work["col"], x.dtype)
+        flat = self._workspace(io, x)
+        if self.chunk and on_cpu(x):
+            conv_cpu.conv_forward(x, io.params["weight"], io.params.get("bias"), y, flat,
+                                  self.chunk, self._geometry())
+            return
+        n_samples, rows, staged = x.shape[0], self.band_rows, self.staged
         weight = io.params["weight"].reshape(self.groups, self.out_group, self.k)
         bias = io.params["bias"].reshape(self.groups, self.out_group, 1) if self.bias else None
         if self.bias:
-            fill(self._views(flat, rows, staged, 0, rows)[2], 1.0, io.stream)
+            fill(self._views(flat, 0, rows)[2], 1.0, io.stream)
         plane = self.out_h * self.out_w
         for n in range(n_samples):
             top = y[n].reshape(self.groups, self.out_group, plane)
@@ -223,7 +217,7 @@ class Convolution(Layer):
                 img = x[n][g * self.in_group:(g + 1) * self.in_group]
                 for r0 in range(0, self.out_h, rows):
                     r1 = min(self.out_h, r0 + rows)
-                    col, stage, ones = self._views(flat, rows, staged, r0, r1)
+                    col, stage, ones = self._views(flat, r0, r1)
                     im2col(img, col, *self._geometry(), stream=io.stream, rows=(r0, r1))
                     out = stage if staged else top[g]
                     gemm(weight[g], col, out, stream=io.stream)
@@ -239,14 +233,18 @@ class Convolution(Layer):
         dbias = io.param_grad.get("bias") if self.bias else None
         if dx is None and dweight is None and dbias is None:
             return
-        n_samples = dy.shape[0]
-        rows, staged, flat = self._buffers(io.work["col"], dy.dtype)
+        flat = self._workspace(io, dy)
+        if self.chunk and on_cpu(dy):
+            conv_cpu.conv_backward(x, dy, io.params["weight"], dx, dweight, dbias, flat,
+                                   self.chunk, self._geometry())
+            return
+        n_samples, rows, staged = dy.shape[0], self.band_rows, self.staged
         weight = io.params["weight"].reshape(self.groups, self.out_group, self.k)
         if dweight is not None:
             dweight = dweight.reshape(self.groups, self.out_group, self.k)
         if dbias is not None:
             dbias = dbias.reshape(self.groups, self.out_group, 1)
-            fill(self._views(flat, rows, staged, 0, rows)[2], 1.0, io.stream)
+            fill(self._views(flat, 0, rows)[2], 1.0, io.stream)
         if dx is not None:
             fill(dx, 0.0, io.stream)  # col2im adds
         plane = self.out_h * self.out_w
@@ -257,7 +255,7 @@ class Convolution(Layer):
                 for r0 in range(0, self.out_h, rows):
                     r1 = min(self.out_h, r0 + rows)
                     beta = 0.0 if n == 0 and r0 == 0 else 1.0  # overwrite, then accumulate
-                    col, stage, ones = self._views(flat, rows, staged, r0, r1)
+                    col, stage, ones = self._views(flat, r0, r1)
                     dout = grad[g]
                     if staged:
                         band_copy(stage, grad[g], r0 * self.out_w, False, io.stream)

@@ -6,10 +6,9 @@ PyTorch's ``Linear`` layout: ``weight [out, K]``, ``bias [out]`` (zeros).
     forward    y = x W^T (+ ones b^T)        gemm(x, W, y, trans_b=True); the bias as a rank-1 gemm
     backward   dW = dy^T x,  db = dy^T ones,  dx = dy W
 
-The bias uses Caffe's bias multiplier, a vector of ones in the workspace, which is never
-proportional to the batch: at most ``ONES_ROWS`` ones, the batch walked in chunks of that many
-rows. Like Convolution's, the workspace is declared as bytes (``setup`` cannot know the dtype),
-sized for float32; a float64 run uses chunks of half the rows.
+The bias uses Caffe's bias multiplier, a vector of ones in the workspace (in the run's float
+dtype), which is never proportional to the batch: at most ``ONES_ROWS`` ones, the batch walked in
+chunks of that many rows.
 """
 import numpy as np
 
@@ -42,8 +41,7 @@ class InnerProduct(Layer):
         if self.k < 1:
             raise ShapeError(self, f"bottom 0 ({self.bottom[0]})", "at least one feature per sample",
                              shape)
-        # Room for min(N, ONES_ROWS) float32 ones, rounded up to whole float64s (at least one).
-        self.ones_bytes = -(-min(shape[0], ONES_ROWS) * 4 // 8) * 8 if self.bias else 0
+        self.ones_rows = min(shape[0], ONES_ROWS)
         return [(shape[0], self.num_output)]
 
     def params(self):
@@ -56,23 +54,20 @@ class InnerProduct(Layer):
         return specs
 
     def workspace(self):
-        return [BufferSpec("ones", (self.ones_bytes,), np.dtype(np.uint8))] if self.bias else []
+        return [BufferSpec("ones", (self.ones_rows,))] if self.bias else []
 
-    def _ones(self, io, dtype):
-        """The ones vector as ``dtype`` (filled), and how many rows one bias gemm covers."""
-        work = io.work["ones"]
-        itemsize = np.dtype(dtype).itemsize
-        rows = work.size // itemsize
-        ones = work[:rows * itemsize].view(dtype)
+    def _ones(self, io):
+        """The ones vector (filled), and how many rows one bias gemm covers."""
+        ones = io.work["ones"]
         fill(ones, 1.0, io.stream)
-        return ones, rows
+        return ones, ones.size
 
     def forward(self, io):
         x, y = io.bottom[0], io.top[0]
         n = x.shape[0]
         gemm(x.reshape(n, self.k), io.params["weight"], y, trans_b=True, stream=io.stream)
         if self.bias:
-            ones, rows = self._ones(io, y.dtype)
+            ones, rows = self._ones(io)
             bias = io.params["bias"].reshape(1, self.num_output)
             for n0 in range(0, n, rows):
                 n1 = min(n, n0 + rows)
@@ -86,7 +81,7 @@ class InnerProduct(Layer):
         if dweight is not None:
             gemm(dy, io.bottom[0].reshape(n, self.k), dweight, trans_a=True, stream=io.stream)
         if dbias is not None:
-            ones, rows = self._ones(io, dy.dtype)
+            ones, rows = self._ones(io)
             column = dbias.reshape(self.num_output, 1)
             for n0 in range(0, n, rows):
                 n1 = min(n, n0 + rows)

@@ -16,8 +16,8 @@ scale ``g = top_grad[0]`` (1.0 when the top is the net's loss)::
 Forward saves ``prob`` ``[N, K]``, the per-sample ``loss`` ``[N]`` and a copy of the labels ``[N]``
 (int32, 4 bytes a sample), so backward reads no forward blob: LMS need keep neither the logits nor
 the label blob for it. The labels get no gradient (a ``bottom_grad[1]`` that is asked for is zeroed).
-``dtype`` is the float dtype of the saved ``prob``/``loss``, which must match the logits'.
-The kernels are in ``minilms.kernels.softmax``.
+``prob`` and ``loss`` are declared in the run's float dtype (``BufferSpec(dtype=None)``), the
+logits'. The kernels are in ``minilms.kernels.softmax``.
 """
 import numbers
 
@@ -29,7 +29,6 @@ from ..kernels.elementwise import fill, launch, scale, view
 from ..kernels.registry import cuda_kernel, grid_1d
 from ..kernels.softmax import softmax_xent_backward, softmax_xent_forward
 from .base import BufferSpec, Layer, ShapeError, register
-from .batch_norm import float_dtype
 
 
 @cuda_kernel("void(float32[::1], float32[::1])", "void(float64[::1], float64[::1])")
@@ -54,13 +53,12 @@ class SoftmaxWithLoss(Layer):
     backward_reads = frozenset()
     is_loss = True
 
-    def __init__(self, name, bottom, top, loss_weight: float = 1.0, dtype="float32"):
+    def __init__(self, name, bottom, top, loss_weight: float = 1.0):
         super().__init__(name, bottom, top)
         if isinstance(loss_weight, bool) or not isinstance(loss_weight, numbers.Real) \
                 or not np.isfinite(loss_weight):
             raise ShapeError(self, "loss_weight", "a finite number", repr(loss_weight))
         self.loss_weight = float(loss_weight)
-        self.dtype = float_dtype(self, dtype)
 
     def infer(self, bottom_shapes):
         self.expect_logits_and_labels(*bottom_shapes)
@@ -68,7 +66,7 @@ class SoftmaxWithLoss(Layer):
 
     def saved(self):
         n, k = self.bottom_shapes[0][:2]
-        return [BufferSpec("prob", (n, k), self.dtype), BufferSpec("loss", (n,), self.dtype),
+        return [BufferSpec("prob", (n, k)), BufferSpec("loss", (n,)),
                 BufferSpec("label", (n,), np.dtype(np.int32))]
 
     def forward(self, io):
@@ -77,8 +75,7 @@ class SoftmaxWithLoss(Layer):
             raise ShapeError(self, f"bottom 1 ({self.bottom[1]})", "int32 labels", labels.dtype)
         prob, loss = io.saved["prob"], io.saved["loss"]
         if prob.dtype != logits.dtype:
-            raise ShapeError(self, "dtype of prob", f"the logits' {logits.dtype} "
-                             "(set the layer's dtype option)", prob.dtype)
+            raise ShapeError(self, "dtype of prob", f"the logits' {logits.dtype}", prob.dtype)
         n, k = prob.shape
         top = io.top[0]
         softmax_xent_forward(view(logits, n, k), labels, prob, loss, top, io.stream)

@@ -1,10 +1,8 @@
 """Convolution: forward against naive loops, backward by the gradient checker on both devices, the
 banded (bounded-workspace) path against the whole-image path, PyTorch, workspace sizes, errors."""
-import numba
 import numpy as np
 import pytest
 
-import minilms.kernels.gemm as gemm_module
 from minilms.gradcheck import check_gradients
 from minilms.layers import ShapeError
 from minilms.layers.convolution import Convolution
@@ -15,17 +13,8 @@ from ..devices import GRADCHECK_SAMPLES, KINDS, new_device
 MiB = 2**20
 
 
-@pytest.fixture(autouse=True)
-def small_gemm_tile(monkeypatch):
-    """Under the simulator, a GEMM tile that covers these tests' small matrices in one block of 32
-    threads: the simulator's cost is per block and per syncthreads. Tile edges are the GEMM tests'
-    business. Never on a real GPU, which compiles the constants into the kernel at first launch."""
-    if numba.config.ENABLE_CUDASIM:
-        shape = dict(BM=8, BN=32, BK=16, TM=2, TN=4)
-        derived = dict(zip(("TY", "TX", "THREADS", "A_ROW", "B_ROW"),
-                           gemm_module.derived_constants(*shape.values())))
-        for name, value in {**shape, **derived}.items():
-            monkeypatch.setattr(gemm_module, name, value)
+# Under the simulator, a GEMM tile that covers these small matrices in one block (conftest).
+pytestmark = pytest.mark.usefixtures("small_gemm_tile")
 
 
 def conv(num_output=4, kernel_size=3, **options):
@@ -68,9 +57,9 @@ VARIANTS = {
     "dilation, non-square": (dict(kernel_size=[2, 3], dilation=[2, 1], pad=[0, 1]), (2, 2, 6, 5)),
     "groups": (dict(num_output=6, groups=3, stride=[1, 2]), (2, 3, 5, 6)),
     "no bias": (dict(bias=False, pad=2), (2, 2, 3, 4)),
-    # Bands of 2 output rows (the last one shorter): 2 float32 rows fit, 1 float64 row.
+    # Bands of 2 output rows (the last one shorter).
     "banded": (dict(pad=1, groups=2, max_workspace=560), (2, 2, 5, 4)),
-    # A 1x1 output: the float32 col is smaller than one float64 band row (see the next test).
+    # A 1x1 output.
     "kernel = image": (dict(kernel_size=[3, 4]), (2, 2, 3, 4)),
 }
 
@@ -107,15 +96,24 @@ def test_banded_variant_really_bands():
     assert layer.workspace()[0].nbytes <= layer.max_workspace
 
 
-def test_workspace_has_room_for_one_float64_row():
-    """Float32 needs col [24, 1] and one 1 (100 bytes); a float64 band row needs [24 + 4 + 1, 1]
-    float64s: the bytes declared are those 232, so the float64 checks can run (unbanded, as
-    [24 + 1] float64s fit), and a float32 run still uses its own plan."""
-    layer, shape = variant("kernel = image")
-    layer.setup([shape])
-    assert layer.top_shapes == [(2, 4, 1, 1)] and not layer.staged
-    assert layer.workspace()[0].nbytes == (24 + 4 + 1) * 8
-    assert layer._plan(8, (24 + 4 + 1) * 8) == (1, False)
+def test_workspace_plans():
+    """The three ways through, chosen from max_workspace (float32 bytes) by setup: chunks of whole
+    samples (cpu), one sample at a time, bands of output rows. Workspace elements as documented."""
+    shape = (5, 2, 5, 4)                       # 3x3, pad 1: a 5x4 output, K = 18, plane 20
+    per_sample = (18 + 4) * 20                 # col and dyT of one sample in a chunk
+    for max_workspace, chunk in ((64 * MiB, 5), (3 * per_sample * 4, 3), (per_sample * 4, 1)):
+        layer = conv(pad=1, max_workspace=max_workspace)
+        layer.setup([shape])
+        assert (layer.chunk, layer.staged, layer.band_rows) == (chunk, False, 5)
+        assert layer.elements == chunk * per_sample
+    one_sample = conv(pad=1, max_workspace=per_sample * 4 - 4)   # no chunk, one sample's col fits
+    one_sample.setup([shape])
+    assert (one_sample.chunk, one_sample.staged) == (0, False)
+    assert one_sample.elements == (18 + 1) * 20                  # col [18, 20] and 20 ones
+    banded = conv(pad=1, max_workspace=3 * (18 + 4 + 1) * 4 * 4)  # 3 rows' worth
+    banded.setup([shape])
+    assert banded.chunk == 0 and banded.staged and banded.band_rows == 3
+    assert banded.elements == 3 * (18 + 4 + 1) * 4             # col, staging, ones per band row
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -193,6 +191,34 @@ def test_banded_path_equals_whole_image_path(kind, case, batch):
     assert got[2].keys() == expected[2].keys()
     for key in expected[2]:
         np.testing.assert_allclose(got[2][key], expected[2][key], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("options", [dict(groups=2), dict(bias=False, dilation=2, pad=2)])
+def test_chunked_path_equals_per_sample_path(options):
+    """cpu: chunks of 2 samples (the last one short) and of all 5 give what one sample at a time
+    gives, forward and backward; the first chunk writes the parameter gradients, later ones add."""
+    rng = np.random.default_rng(8)
+    shape = (5, 2, 5, 4)
+    x = rng.standard_normal(shape)
+    options = dict(options, pad=options.get("pad", 1), num_output=4)
+    probe = conv(**options)
+    probe.setup([shape])
+    per_sample = (probe.groups * probe.k + 4) * probe.out_h * probe.out_w * 4
+    layers = [conv(**options, max_workspace=m) for m in (per_sample - 4, 2 * per_sample, 64 * MiB)]
+    params = {"weight": rng.standard_normal((4, shape[1] // probe.groups, 3, 3))}
+    if probe.bias:
+        params["bias"] = rng.standard_normal(4)
+    dy = rng.standard_normal(probe.top_shapes[0])
+    results = []
+    for layer in layers:
+        results.append(forward_backward("cpu", layer, x, dy, params))
+    assert [layer.chunk for layer in layers] == [0, 2, 5]
+    expected = results[0]
+    for got in results[1:]:
+        for a, b in zip(got[:2], expected[:2]):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+        for key in expected[2]:
+            np.testing.assert_allclose(got[2][key], expected[2][key], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.cuda
@@ -274,22 +300,28 @@ def test_params_in_pytorch_layout():
     assert no_bias.top_shapes == [(1, 4, 1, 1)]
 
 
-def test_workspace_is_one_sample_and_bounded():
-    """Setup only: no compute. The workspace never depends on the batch size, is exactly one
-    sample's col (and ones) when that fits, and stays under max_workspace for a 2240x2240 input."""
+def test_workspace_is_bounded():
+    """Setup only: no compute. The workspace grows with the batch only while whole samples' chunks
+    fit in max_workspace, then stays; for a 2240x2240 input it is one band of rows, the same for
+    every batch, and under max_workspace."""
     def workspace(batch, size, **options):
         layer = conv(num_output=64, pad=1, **options)
         layer.setup([(batch, 3, size, size)])
         (spec,) = layer.workspace()
+        assert spec.dtype is None          # the run's float dtype
         return layer, spec.nbytes
 
-    small = [workspace(batch, 32)[1] for batch in (1, 8, 256)]
-    assert small == [(27 + 1) * 32 * 32 * 4] * 3  # col [27, 1024] and 1024 ones, float32
+    per_sample = (27 + 64) * 32 * 32 * 4  # col and dyT of one 32x32 sample, float32
+    cap = 64 * MiB // per_sample
+    small = {batch: workspace(batch, 32)[1] for batch in (1, 8, cap, 4 * cap)}
+    assert small == {1: per_sample, 8: 8 * per_sample, cap: cap * per_sample,
+                     4 * cap: cap * per_sample}
+    assert max(small.values()) <= 64 * MiB
     for max_workspace in (64 * MiB, MiB):
         sizes = set()
         for batch in (1, 32, 1024):
             layer, nbytes = workspace(batch, 2240, max_workspace=max_workspace)
-            assert layer.staged and 1 <= layer.band_rows < 2240
+            assert layer.staged and 1 <= layer.band_rows < 2240 and layer.chunk == 0
             assert nbytes <= max_workspace
             sizes.add(nbytes)
         assert len(sizes) == 1
@@ -298,13 +330,13 @@ def test_workspace_is_one_sample_and_bounded():
     assert workspace(1, 2240)[0].band_rows == 64 * MiB // ((27 + 64 + 1) * 2240 * 4)
 
 
-def test_float64_without_room_for_one_row_says_so():
-    # One float32 row of [9 + 4 + 1, 5] is 280 bytes; a float64 row (560) does not fit in 400.
-    layer = conv(pad=1, max_workspace=400)
+def test_workspace_of_another_dtype_says_so():
+    """The workspace must come in the data's dtype; a runner that allocates it otherwise is told."""
+    layer = conv(pad=1)
     with new_device("cpu", MiB) as device:
-        run = LayerRun(device, layer, [(1, 1, 5, 5)], dtype=np.float64)
-        with pytest.raises(ValueError, match=r"conv \(Convolution\): a workspace of 280 bytes "
-                                             r"holds no output row of float64"):
+        run = LayerRun(device, layer, [(1, 1, 5, 5)], dtype=np.float32, bottom_dtypes=[np.float64])
+        with pytest.raises(ValueError, match=r"conv \(Convolution\): workspace col is \d+ float32, "
+                                             r"expected \d+ float64 \(the data's dtype"):
             run.forward([np.zeros((1, 1, 5, 5))])
 
 

@@ -1,10 +1,8 @@
 """InnerProduct: forward against a naive loop, backward by the gradient checker on both devices,
 the bias in chunks of rows, PyTorch's linear, the workspace, errors."""
-import numba
 import numpy as np
 import pytest
 
-import minilms.kernels.gemm as gemm_module
 import minilms.layers.inner_product as inner_product_module
 from minilms.gradcheck import check_gradients
 from minilms.layers import ShapeError
@@ -14,18 +12,8 @@ from minilms.layers.run import LayerRun
 from ..devices import GRADCHECK_SAMPLES, KINDS, new_device
 
 MiB = 2**20
-
-
-@pytest.fixture(autouse=True)
-def small_gemm_tile(monkeypatch):
-    """Under the simulator, a GEMM tile that covers these small matrices in one block of 32
-    threads (see test_convolution); never on a real GPU."""
-    if numba.config.ENABLE_CUDASIM:
-        shape = dict(BM=8, BN=32, BK=16, TM=2, TN=4)
-        derived = dict(zip(("TY", "TX", "THREADS", "A_ROW", "B_ROW"),
-                           gemm_module.derived_constants(*shape.values())))
-        for name, value in {**shape, **derived}.items():
-            monkeypatch.setattr(gemm_module, name, value)
+# Under the simulator, a GEMM tile that covers these small matrices in one block (conftest).
+pytestmark = pytest.mark.usefixtures("small_gemm_tile")
 
 
 def linear(num_output=3, **options):
@@ -97,8 +85,8 @@ def forward_backward(kind, layer, x, dy, params, dtype):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_bias_in_chunks_of_rows(kind, monkeypatch):
-    """With room for 2 ones (float32; 1 in float64 on cpu), a batch of 5 takes 3 (or 5) bias gemms
-    each way, and gives what one gemm over the whole batch gives."""
+    """With room for 2 ones (in either dtype), a batch of 5 takes 3 bias gemms each way, and gives
+    what one gemm over the whole batch gives."""
     dtype = np.float64 if kind == "cpu" else np.float32
     rng = np.random.default_rng(4)
     x = rng.standard_normal((5, 4)).astype(dtype)
@@ -108,7 +96,8 @@ def test_bias_in_chunks_of_rows(kind, monkeypatch):
     monkeypatch.setattr(inner_product_module, "ONES_ROWS", 2)
     layer = linear()
     chunked = forward_backward(kind, layer, x, dy, params, dtype)
-    assert layer.workspace()[0].nbytes == 8
+    (ones,) = layer.workspace()
+    assert ones.shape == (2,) and ones.dtype is None   # the run's float dtype
     close = dict(rtol=1e-12, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-5)
     for a, b in zip(chunked[:2], whole[:2]):
         np.testing.assert_allclose(a, b, **close)
@@ -165,7 +154,7 @@ def test_params_and_workspace():
     for batch in (1, 3, 1024, 10**6):
         layer.setup([(batch, 48)])
         sizes[batch] = layer.workspace()[0].nbytes
-    assert sizes == {1: 8, 3: 16, 1024: 4096, 10**6: 4096}  # float32 ones, in whole float64s
+    assert sizes == {1: 4, 3: 12, 1024: 4096, 10**6: 4096}  # float32 ones, at most ONES_ROWS
     no_bias = linear(bias=False)
     no_bias.setup([(10**6, 5)])
     assert [p.name for p in no_bias.params()] == ["weight"] and no_bias.workspace() == []

@@ -37,7 +37,7 @@ def naive(z, labels):
 
 
 def new_run(device, z, weight=1.0, dtype=np.float64):
-    layer = make(loss_weight=weight, dtype=dtype)
+    layer = make(loss_weight=weight)
     return LayerRun(device, layer, [z.shape, (len(z),)], dtype=dtype,
                     bottom_dtypes=[dtype, np.int32])
 
@@ -93,7 +93,7 @@ def test_gradients(kind):
     labels = rng.integers(0, k, n).astype(np.int32)
     samples = GRADCHECK_SAMPLES[kind] if kind == "cpu" else CUDA_SAMPLES
     with new_device(kind, MiB) as device:
-        report = check_gradients(device, make(loss_weight=2.5, dtype="float64"), [z, labels],
+        report = check_gradients(device, make(loss_weight=2.5), [z, labels],
                                  wrt=[0], samples=samples)
     assert report.checked == min(samples, z.size) and report.kinks == 0
 
@@ -103,7 +103,7 @@ def test_declarations():
     assert layer.is_loss and layer.has_backward and layer.backward_reads == frozenset()
     assert layer.setup([(6, 10, 1, 1), (6,)]) == [(1,)]
     assert [(b.name, b.shape, b.dtype) for b in layer.saved()] == [
-        ("prob", (6, 10), np.float32), ("loss", (6,), np.float32), ("label", (6,), np.int32)]
+        ("prob", (6, 10), None), ("loss", (6,), None), ("label", (6,), np.int32)]  # None: run's
     assert layer.params() == [] and layer.workspace() == []
     assert make(loss_weight=3).loss_weight == 3.0
 
@@ -152,3 +152,7 @@ def test_errors():
         with pytest.raises(ShapeError, match=prefix + r"bottom 1 \(label\): expected int32 labels, "
                                                       r"found float32$"):
             run.forward([np.zeros((2, 3)), np.zeros(2)])
+        run = LayerRun(device, make(), [(2, 3), (2,)], bottom_dtypes=[np.float64, np.int32])
+        with pytest.raises(ShapeError, match=prefix + r"dtype of prob: expected the logits' "
+                                                      r"float64, found float32$"):
+            run.forward([np.zeros((2, 3)), np.zeros(2, np.int32)])
