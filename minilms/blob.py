@@ -120,6 +120,26 @@ class Blob:
         self._set_state(State.DEVICE)
         return self._device_view
 
+    def resident_view(self, read: bool, write: bool):
+        """The device copy as the plan left it: no placement, no copy (a planned executor's
+        access). ``read`` requires valid device data; ``write`` moves the head to the device.
+        A blob not placed, or read while its device copy is stale, is a plan bug: raised."""
+        if self.slot is None or (read and self.state not in (State.DEVICE, State.SYNCED)):
+            where = "not placed" if self.slot is None else f"{self.state.value}, not on the device"
+            raise RuntimeError(f"plan mismatch: blob {self.name} is {where} when its step "
+                               f"{'reads' if read else 'writes'} it")
+        if write:
+            self._set_state(State.DEVICE)
+        return self._device_view
+
+    def sync_home(self, stream=None) -> bool:
+        """Copy a dirty device copy home and keep the slot (state ``synced``); False if clean."""
+        if self.state is not State.DEVICE:
+            return False
+        self._copy_home(stream)
+        self._set_state(State.SYNCED)
+        return True
+
     # -- the transitions -------------------------------------------------------------------------
     def _to_host(self) -> None:
         if self.state is State.UNINITIALIZED:

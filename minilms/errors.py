@@ -18,3 +18,16 @@ class ConfigError(MinilmsError, ValueError):
 
 class OutOfDeviceMemory(MinilmsError, MemoryError):
     """The pool cannot satisfy a request; the message says who asked, how much, and who holds it."""
+
+
+class DatasetError(MinilmsError, ValueError):
+    """A data file that cannot be read as its format: names the file, what was expected and what
+    was found (``path: expected ..., found ...``)."""
+
+    def __init__(self, path, expected: str, found):
+        self.path, self.expected, self.found = str(path), expected, found
+        super().__init__(f"{path}: expected {expected}, found {found}")
+
+
+class PlanError(MinilmsError, MemoryError):
+    """No plan fits: names the step, the bytes it needs and the capacity, and what to change."""

@@ -1,11 +1,15 @@
-"""The executor: runs a net's schedule on a device, one step at a time.
+"""Executors: run a net's schedule on a device, one step at a time.
 
-Every blob of the net is a ``Blob`` (its home on the host). ``ResidentExecutor`` is LMS off: every
-blob is placed in the pool once and stays, so it needs the whole net to fit, and it is the
-reference every LMS plan must reproduce bit for bit. A step turns into one layer call: its blobs'
-device arrays are gathered into a ``StepIO`` (reads synced in, writes claimed without a copy), then
-the layer runs; a backward step adds partial gradients where a blob feeds several layers; an update
-step hands parameters, gradients and state to the solver.
+Every blob of the net is a ``Blob`` (its home on the host). ``Executor`` turns a step into one layer
+call: its blobs' device arrays are gathered into a ``StepIO`` (reads, writes claimed without a
+copy), then the layer runs; a backward step adds partial gradients where a blob feeds several
+layers; an update step hands parameters, gradients and state to the solver. How blobs reach the
+device is the subclass's business:
+
+* ``ResidentExecutor`` is LMS off: every blob is placed in the pool once and stays, so it needs the
+  whole net to fit, and it is the reference every LMS plan must reproduce bit for bit. It uses the
+  blobs' own lazy syncing.
+* ``minilms.lms.LmsExecutor`` replays a plan and touches a blob only as the plan said.
 """
 import numpy as np
 
@@ -18,26 +22,19 @@ from .pool import align_up
 from .sizes import format_bytes
 
 
-class ResidentExecutor:
-    def __init__(self, net: Net, device, solver=None, seed: int = 0):
-        self.net, self.device, self.solver = net, device, solver
+class Executor:
+    """The shared part: parameter initialisation and the step-to-layer translation."""
+
+    net: Net
+    blobs: dict
+
+    def __init__(self, device, solver=None, seed: int = 0):
+        self.device, self.solver = device, solver
         self.iteration = 0
-        self.steps = net.schedule(tuple(solver.state_names) if solver else ())
-        self.blobs = {name: Blob(device, name, info.shape, info.dtype, info.role)
-                      for name, info in net.blobs.items()}
         self.rng = np.random.default_rng(seed)
-        need = sum(align_up(b.nbytes) for b in self.blobs.values())
-        if need > device.pool.capacity:
-            raise OutOfDeviceMemory(
-                f"LMS off needs every blob resident: {format_bytes(need)} for {len(self.blobs)} "
-                f"blobs, but the pool holds {format_bytes(device.pool.capacity)}: turn LMS on "
-                f"(lms.enabled) or raise device.memory")
-        for blob in self.blobs.values():
-            blob.place()
-        self.initialise(seed)
 
     def initialise(self, seed: int) -> None:
-        """Parameters from their initialisers (seeded), optimizer state zeroed."""
+        """Parameters from their initialisers (seeded), optimizer state zeroed, on the host."""
         rng = np.random.default_rng(seed)
         for layer in self.net.layers:
             for spec in layer.params():
@@ -47,38 +44,11 @@ class ResidentExecutor:
             if blob.role == "optimizer_state":
                 blob.mutable_host_data()[...] = 0
 
+    def outputs(self) -> list[str]:
+        return [l.top[0] for l in self.net.layers if l.is_loss or l.type == "Accuracy"]
+
     def stream(self):
         return self.device.compute_stream if self.device.kind == "cuda" else None
-
-    # -- one iteration ---------------------------------------------------------------------------
-    def iterate(self, inputs: dict, train: bool = True) -> dict:
-        """Run the schedule once on ``inputs`` (host arrays by input name); returns the loss and
-        accuracy blobs' values. Without a solver, or with ``train=False``, only forward runs."""
-        solver = self.solver if train else None
-        if solver is not None:
-            solver.begin_iteration(self.iteration)
-            self.iteration += 1
-        for name, value in inputs.items():
-            self.blobs[name].mutable_host_data(overwrite=True)[...] = value
-        for loss in self.net.loss_blobs:
-            self.blobs[f"{loss}.grad"].mutable_host_data(overwrite=True)[...] = 1.0
-        for step in self.steps:
-            if step.kind == "forward":
-                self.forward(step, train)
-            elif solver is not None:
-                self.backward(step) if step.kind == "backward" else self.update(step, solver)
-        self.device.synchronize()
-        outputs = [l.top[0] for l in self.net.layers if l.is_loss or l.type == "Accuracy"]
-        return {name: float(self.blobs[name].host_data()[0]) for name in outputs}
-
-    def _read(self, name):
-        return self.blobs[name].device_data()
-
-    def _write(self, name):
-        return self.blobs[name].mutable_device_data(overwrite=True)
-
-    def _update(self, name):
-        return self.blobs[name].mutable_device_data()
 
     def _buffers(self, layer, specs, claim):
         return {spec.name: claim(f"{layer.name}.{spec.name}") for spec in specs}
@@ -129,3 +99,50 @@ class ResidentExecutor:
             name = f"{layer.name}.{spec.name}"
             states = [self._update(f"{name}.{s}") for s in solver.state_names]
             solver.update(self._update(name), self._read(f"{name}.grad"), states, self.stream())
+
+
+class ResidentExecutor(Executor):
+    def __init__(self, net: Net, device, solver=None, seed: int = 0):
+        super().__init__(device, solver, seed)
+        self.net = net
+        self.steps = net.schedule(tuple(solver.state_names) if solver else ())
+        self.blobs = {name: Blob(device, name, info.shape, info.dtype, info.role)
+                      for name, info in net.blobs.items()}
+        need = sum(align_up(b.nbytes) for b in self.blobs.values())
+        if need > device.pool.capacity:
+            raise OutOfDeviceMemory(
+                f"LMS off needs every blob resident: {format_bytes(need)} for {len(self.blobs)} "
+                f"blobs, but the pool holds {format_bytes(device.pool.capacity)}: turn LMS on "
+                f"(lms.enabled) or raise device.memory")
+        for blob in self.blobs.values():
+            blob.place()
+        self.initialise(seed)
+
+    # -- one iteration ---------------------------------------------------------------------------
+    def iterate(self, inputs: dict, train: bool = True) -> dict:
+        """Run the schedule once on ``inputs`` (host arrays by input name); returns the loss and
+        accuracy blobs' values. Without a solver, or with ``train=False``, only forward runs."""
+        solver = self.solver if train else None
+        if solver is not None:
+            solver.begin_iteration(self.iteration)
+            self.iteration += 1
+        for name, value in inputs.items():
+            self.blobs[name].mutable_host_data(overwrite=True)[...] = value
+        for loss in self.net.loss_blobs:
+            self.blobs[f"{loss}.grad"].mutable_host_data(overwrite=True)[...] = 1.0
+        for step in self.steps:
+            if step.kind == "forward":
+                self.forward(step, train)
+            elif solver is not None:
+                self.backward(step) if step.kind == "backward" else self.update(step, solver)
+        self.device.synchronize()
+        return {name: float(self.blobs[name].host_data()[0]) for name in self.outputs()}
+
+    def _read(self, name):
+        return self.blobs[name].device_data()
+
+    def _write(self, name):
+        return self.blobs[name].mutable_device_data(overwrite=True)
+
+    def _update(self, name):
+        return self.blobs[name].mutable_device_data()

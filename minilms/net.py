@@ -98,6 +98,7 @@ class Net:
     """``Net(layer_specs, inputs)``: ``inputs`` maps each input blob to ``(shape, dtype)``."""
 
     def __init__(self, layer_specs: list[dict], inputs: dict, where: str = "model.layers"):
+        self.specs, self.where = layer_specs, where
         self.inputs = {name: (tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in inputs.items()}
         built = [build_layer(spec, f"{where}[{i}]") for i, spec in enumerate(layer_specs)]
         names = [layer.name for layer in built]
@@ -121,6 +122,11 @@ class Net:
         self._check_in_place()
         self.backward_layers = self._backward_layers()
         self.loss_blobs = [l.top[0] for l in self.layers if l.is_loss]
+
+    def with_inputs(self, inputs: dict) -> "Net":
+        """The same layers for other input shapes (a smaller last batch): a net of its own, since
+        layers size their buffers and workspace at set-up."""
+        return Net(self.specs, inputs, self.where)
 
     # -- structure -------------------------------------------------------------------------------
     def _ordered(self, layers: list[Layer], where: str) -> list[Layer]:

@@ -51,7 +51,8 @@ class PoolStats:
 
 
 class Pool:
-    def __init__(self, capacity: int, alignment: int = ALIGNMENT):
+    def __init__(self, capacity: int, alignment: int = ALIGNMENT, report: bool = True):
+        """``report=False``: a pool that only plans (the LMS planner's), silent to the trace."""
         if alignment <= 0 or alignment & (alignment - 1):
             raise ValueError(f"pool alignment must be a power of two, found {alignment}")
         self.alignment = alignment
@@ -61,6 +62,7 @@ class Pool:
         self._used: dict[int, Slot] = {}
         self.in_use = 0
         self.peak = 0
+        self.report = report
 
     # -- allocation ------------------------------------------------------------------------------
     def allocate(self, nbytes: int, owner: str, at: int | None = None) -> Slot:
@@ -77,7 +79,7 @@ class Pool:
         self._used[start] = slot
         self.in_use += size
         self.peak = max(self.peak, self.in_use)
-        if events.listening:
+        if self.report and events.listening:
             events.emit("alloc", owner, size, offset=start, in_use=self.in_use)
         return slot
 
@@ -87,7 +89,7 @@ class Pool:
         del self._used[slot.offset]
         self.in_use -= slot.nbytes
         self._insert_free(slot.offset, slot.nbytes)
-        if events.listening:
+        if self.report and events.listening:
             events.emit("free", slot.owner, slot.nbytes, offset=slot.offset, in_use=self.in_use)
 
     def _best_fit(self, size: int) -> int | None:

@@ -135,6 +135,12 @@ class Layer:
     def workspace(self) -> list[BufferSpec]:
         return []
 
+    def flops(self) -> int:
+        """Floating-point operations of one forward pass at the set-up shapes, for the planner's
+        cost model (backward counts twice this). Layers that are GEMMs say; the rest are
+        memory-bound and the model charges them for the bytes they touch."""
+        return 0
+
     def forward(self, io: StepIO) -> None:
         raise NotImplementedError
 

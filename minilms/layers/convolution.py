@@ -157,6 +157,9 @@ class Convolution(Layer):
             self.elements = self.band_rows * per_row
 
     # -- declarations --------------------------------------------------------------------------
+    def flops(self) -> int:
+        return 2 * self.bottom_shapes[0][0] * self.num_output * self.out_h * self.out_w * self.k
+
     def params(self):
         if not self.bottom_shapes:
             raise RuntimeError(f"layer {self.name} ({self.type}): params() needs setup() first")

@@ -44,6 +44,9 @@ class InnerProduct(Layer):
         self.ones_rows = min(shape[0], ONES_ROWS)
         return [(shape[0], self.num_output)]
 
+    def flops(self) -> int:
+        return 2 * self.bottom_shapes[0][0] * self.num_output * self.k
+
     def params(self):
         if not self.bottom_shapes:
             raise RuntimeError(f"layer {self.name} ({self.type}): params() needs setup() first")

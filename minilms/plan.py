@@ -1,0 +1,517 @@
+"""The LMS planner: one iteration's memory decisions, computed before anything runs.
+
+The schedule is static, so every blob's next use is known at every step. Planning is register
+allocation: blobs are virtual registers, the pool is the register file, swap-out and swap-in are
+spills and reloads. ``make_plan`` walks the schedule once over a planning ``Pool`` (the same
+allocator the device uses, silent to the trace) and records, per step, what the executor must do:
+
+    release    after the previous step: drop blobs with no further use, evict down to the soft limit
+    demand     make the step's working set resident: ``alloc`` (about to be written, no copy) or
+               ``swap_in`` (H2D); evicting, furthest next use first, when the pool is full
+    prefetch   ``swap_in`` for the next ``prefetch`` steps, into free space or space of blobs needed
+               later than the one brought in, issued while this step computes
+
+Eviction is ``swap_out`` (D2H, then free) for a dirty blob that is needed again, ``drop`` (free, no
+copy) for anything else. Every action carries its pool offset, so the executor runs no allocator
+search; the device's pool checks each placement and would reject an overlap.
+
+A blob's *need* is its next read or update before any overwrite: a blob whose next use writes it
+whole is dead until then, and is freed. Blobs that outlive the iteration (parameters, optimizer
+state) are needed again in the next one; the net's outputs (loss, accuracy) are read by the host
+after the last step; its inputs (and the loss gradient seed) arrive fresh on the host each iteration.
+
+Pinned blobs (those under ``min_swap_bytes``; parameters and optimizer state with ``keep_state``;
+every blob with LMS off) stay in one place for the whole run.
+Every other blob leaves the pool by the end of the iteration (the epilogue), so the plan starts and
+ends in the same state and is replayed as it is every iteration. The ``prologue`` places the pinned
+blobs and loads those that hold data, once.
+
+The knobs (``Policy``) and where they come from are in DESIGN.md. The soft limit is
+``max(limit, start_fraction * capacity)``: up to it blobs stay resident after their step; above it
+the planner evicts after every step (0, the default, is Caffe's default: keep only what the next
+step needs). ``policy: auto`` is computed in ``minilms.cost``.
+"""
+import bisect
+from dataclasses import dataclass, field, replace
+
+from .errors import ConfigError, OutOfDeviceMemory, PlanError
+from .net import BlobInfo, Net, Step
+from .pool import Pool, align_up
+from .sizes import format_bytes
+
+PERSISTENT_ROLES = ("param", "optimizer_state")
+INFINITY = float("inf")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The LMS knobs. ``policy="auto"`` ignores the manual ones and computes them."""
+    enabled: bool = True
+    policy: str = "manual"
+    min_swap_bytes: int = 0
+    limit: int | None = None
+    start_fraction: float = 0.0
+    prefetch: int = 0
+    keep_state: bool = False
+
+    def __post_init__(self):
+        if self.policy not in ("manual", "auto"):
+            raise ConfigError("lms.policy", "auto or manual", self.policy)
+        if not 0.0 <= self.start_fraction <= 1.0:
+            raise ConfigError("lms.start_fraction", "a number in [0, 1]", self.start_fraction)
+        if self.prefetch < 0 or self.min_swap_bytes < 0 or (self.limit or 0) < 0:
+            raise ConfigError("lms", "prefetch, min_swap_bytes and limit >= 0", self)
+
+    def soft_limit(self, capacity: int) -> int:
+        return min(capacity, max(self.limit or 0, int(self.start_fraction * capacity)))
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return "LMS off"
+        limit = "none" if not self.limit else format_bytes(self.limit)
+        return (f"LMS {self.policy}: min_swap_bytes {format_bytes(self.min_swap_bytes)}, limit "
+                f"{limit}, start_fraction {self.start_fraction:g}, prefetch {self.prefetch}, "
+                f"keep_state {str(self.keep_state).lower()}")
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str                 # "alloc", "swap_in", "swap_out", "drop", "sync"
+    blob: str
+    nbytes: int               # the blob's bytes: what a copy moves
+    offset: int               # its pool offset (where it goes, or where it was)
+    size: int                 # the aligned slot
+    for_step: int | None = None   # prefetch: the step the load serves
+
+    @property
+    def copies(self) -> str | None:
+        """``"h2d"``, ``"d2h"`` or None."""
+        return {"swap_in": "h2d", "swap_out": "d2h", "sync": "d2h"}.get(self.kind)
+
+    @property
+    def places(self) -> bool:
+        return self.kind in ("alloc", "swap_in") and self.size > 0
+
+    @property
+    def frees(self) -> bool:
+        return self.kind in ("swap_out", "drop")
+
+
+@dataclass
+class StepPlan:
+    step: Step
+    release: list = field(default_factory=list)
+    demand: list = field(default_factory=list)
+    prefetch: list = field(default_factory=list)
+    in_use: int = 0               # pool bytes while the step runs
+    resident: tuple = ()          # blobs in the pool while the step runs
+
+    @property
+    def actions(self) -> list:
+        return self.release + self.demand + self.prefetch
+
+
+@dataclass
+class Plan:
+    policy: Policy
+    capacity: int
+    blobs: dict                   # name -> BlobInfo
+    pinned: dict                  # name -> offset
+    prologue: list
+    steps: list                   # StepPlan per step
+    epilogue: list
+    persistent: frozenset = frozenset()   # blobs that outlive the iteration
+    host_inputs: tuple = ()               # fresh on the host each iteration
+    outputs: tuple = ()                   # read by the host after the iteration
+    candidates: list = field(default_factory=list)   # auto: (policy, seconds or None)
+    notes: list = field(default_factory=list)        # what the planner changed, for people
+
+    def actions(self):
+        """Every per-iteration action in execution order, with its step (len(steps): epilogue)."""
+        for index, step_plan in enumerate(self.steps):
+            for action in step_plan.actions:
+                yield index, action
+        for action in self.epilogue:
+            yield len(self.steps), action
+
+    def bytes_moved(self, direction: str) -> int:
+        return sum(a.nbytes for _, a in self.actions() if a.copies == direction)
+
+    @property
+    def peak(self) -> int:
+        return max([s.in_use for s in self.steps] + [sum(align_up(self.blobs[b].nbytes)
+                                                         for b in self.pinned)])
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(align_up(self.blobs[name].nbytes) for name in self.pinned)
+
+
+# -- liveness -----------------------------------------------------------------------------------
+class Liveness:
+    """Every blob's uses across the schedule, and its next need after any step."""
+
+    def __init__(self, net: Net, steps: list[Step]):
+        self.steps, self.n = steps, len(steps)
+        self.uses: dict[str, list[int]] = {}
+        self.kinds: dict[str, list[str]] = {}
+        for step in steps:
+            for kind, names in (("read", step.reads), ("update", step.updates),
+                                ("write", step.writes), ("work", step.workspace)):
+                for name in names:
+                    self.uses.setdefault(name, []).append(step.index)
+                    self.kinds.setdefault(name, []).append(kind)
+        for name in self.uses:  # a blob listed twice in one step: keep its first (strongest) use
+            pairs = sorted(dict(reversed(list(zip(self.uses[name], self.kinds[name])))).items())
+            self.uses[name], self.kinds[name] = [p[0] for p in pairs], [p[1] for p in pairs]
+        self.blobs = {name: net.blobs[name] for name in self.uses}
+        self.persistent = {n for n, info in self.blobs.items() if info.role in PERSISTENT_ROLES}
+        losses = [l for l in net.layers if l.is_loss]
+        self.outputs = [l.top[0] for l in net.layers if (l.is_loss or l.type == "Accuracy")
+                        and l.top[0] in self.uses]
+        seeds = [f"{l.top[0]}.grad" for l in losses if f"{l.top[0]}.grad" in self.uses]
+        self.host_inputs = [n for n in net.inputs if n in self.uses] + seeds
+
+    def kind_at(self, name: str, index: int) -> str:
+        i = bisect.bisect_left(self.uses[name], index)
+        return self.kinds[name][i]
+
+    def need_after(self, name: str, index: int) -> float:
+        """The step after ``index`` that next needs ``name``'s data: ``n`` for the host reading an
+        output, ``n + first use`` for state read again next iteration; INFINITY if none (dead)."""
+        uses = self.uses[name]
+        i = bisect.bisect_right(uses, index)
+        if i < len(uses):
+            return uses[i] if self.kinds[name][i] in ("read", "update") else INFINITY
+        if name in self.persistent:
+            return self.n + uses[0]
+        return self.n if name in self.outputs else INFINITY
+
+    def loads(self, index: int) -> list[str]:
+        step = self.steps[index]
+        return list(dict.fromkeys(step.reads + step.updates))
+
+
+# -- planning -----------------------------------------------------------------------------------
+class _Planner:
+    def __init__(self, net: Net, steps: list[Step], capacity: int, policy: Policy):
+        self.live = Liveness(net, steps)
+        self.capacity, self.policy = capacity, policy
+        self.pool = Pool(capacity, report=False)
+        self.soft = policy.soft_limit(self.pool.capacity)
+        blobs = self.live.blobs
+        if policy.enabled:
+            self.pinned_names = [n for n, b in blobs.items() if b.nbytes < policy.min_swap_bytes
+                                 or (policy.keep_state and n in self.live.persistent)]
+        else:
+            self.pinned_names = list(blobs)
+        self.pinned = set(self.pinned_names)
+        self.resident: dict[str, object] = {}   # name -> Slot
+        self.dirty: set = set()
+        self.host_valid = set(self.live.persistent) | set(self.live.host_inputs)
+        self.device_valid: set = set()
+
+    def run(self) -> Plan:
+        prologue = self._place_pinned()
+        plans = [StepPlan(step) for step in self.live.steps]
+        pending: list[Action] = []
+        for index, step_plan in enumerate(plans):
+            step_plan.release = pending
+            self._demand(index, step_plan.demand)
+            self._prefetch(index, step_plan.prefetch)
+            step_plan.in_use = self.pool.in_use
+            step_plan.resident = tuple(self.resident)
+            self._run(index)
+            pending = []
+            self._release_after(index, pending)
+        self._epilogue(pending)
+        pinned = {name: self.resident[name].offset for name in self.pinned_names}
+        live = self.live
+        return Plan(self.policy, self.pool.capacity, dict(live.blobs), pinned, prologue, plans,
+                    pending, frozenset(live.persistent), tuple(live.host_inputs),
+                    tuple(live.outputs))
+
+    # -- pinned blobs ---------------------------------------------------------------------------
+    def _place_pinned(self) -> list[Action]:
+        prologue = []
+        for name in sorted(self.pinned_names, key=lambda n: -self.live.blobs[n].nbytes):
+            info = self.live.blobs[name]
+            try:
+                slot = self.pool.allocate(info.nbytes, name)
+            except OutOfDeviceMemory:
+                raise PlanError(self._pinned_message()) from None
+            self.resident[name] = slot
+            load = name in self.live.persistent
+            prologue.append(self._action("swap_in" if load else "alloc", name))
+            if load:
+                self.device_valid.add(name)
+        return prologue
+
+    def _pinned_message(self) -> str:
+        blobs = self.live.blobs
+        total = sum(align_up(blobs[n].nbytes) for n in self.pinned_names)
+        if not self.policy.enabled:   # name the step at which resident blobs outgrow the pool
+            seen, running = set(), 0
+            for step in self.live.steps:
+                for name in set(step.blobs) - seen:
+                    seen.add(name)
+                    running += align_up(blobs[name].nbytes)
+                if running > self.pool.capacity:
+                    break
+            return (f"out of device memory at step {step.index} ({step.name}): LMS off keeps "
+                    f"every blob resident, {format_bytes(running)} by this step and "
+                    f"{format_bytes(total)} for all {len(blobs)}, capacity "
+                    f"{format_bytes(self.pool.capacity)}: turn LMS on (lms.enabled) or raise "
+                    "device.memory")
+        return (f"out of device memory before the first step: blobs under min_swap_bytes "
+                f"({format_bytes(self.policy.min_swap_bytes)}) or kept by keep_state stay "
+                f"resident, {format_bytes(total)} for {len(self.pinned_names)} blobs, capacity "
+                f"{format_bytes(self.pool.capacity)}: lower lms.min_swap_bytes, set "
+                "lms.keep_state false, or raise device.memory")
+
+    # -- one step -------------------------------------------------------------------------------
+    def _demand(self, index: int, actions: list) -> None:
+        step = self.live.steps[index]
+        working = set(step.blobs)
+        for name in dict.fromkeys(step.reads + step.updates + step.writes + step.workspace):
+            load = self.live.kind_at(name, index) in ("read", "update")
+            if load and name not in self.host_valid and name not in self.device_valid:
+                raise PlanError(f"step {index} ({step.name}) reads {name} before any step "
+                                "writes it: the schedule is inconsistent")
+            if name in self.resident:
+                if load and name not in self.device_valid:   # a pinned input: fresh on the host
+                    actions.append(self._action("swap_in", name))
+                    self.device_valid.add(name)
+                continue
+            if not self._allocate(name, index, working, actions):
+                raise PlanError(self._demand_message(index, name))
+            actions.append(self._action("swap_in" if load else "alloc", name))
+            if load:
+                self.device_valid.add(name)
+
+    def _prefetch(self, index: int, actions: list) -> None:
+        protect = set(self.live.steps[index].blobs)
+        last = min(self.live.n - 1, index + self.policy.prefetch)
+        for ahead in range(index + 1, last + 1):
+            protect |= set(self.live.steps[ahead].blobs)
+            for name in self.live.loads(ahead):
+                if name in self.resident or name not in self.host_valid:
+                    continue   # resident already, or made by a step before ``ahead``
+                if not self._allocate(name, index, protect, actions, victims_after=ahead):
+                    return   # no room: later loads would overtake this one, so stop here
+                actions.append(self._action("swap_in", name, for_step=ahead))
+                self.device_valid.add(name)
+
+    def _run(self, index: int) -> None:
+        step = self.live.steps[index]
+        for name in step.writes + step.updates + step.workspace:
+            self.dirty.add(name)
+            self.device_valid.add(name)
+            self.host_valid.discard(name)
+
+    def _release_after(self, index: int, actions: list) -> None:
+        for name in list(self.resident):
+            if name not in self.pinned and self.live.need_after(name, index) == INFINITY:
+                self._evict(name, index, actions)
+        if self.pool.in_use <= self.soft:
+            return
+        keep = set()
+        for ahead in range(index + 1, min(self.live.n, index + 1 + max(1, self.policy.prefetch))):
+            keep |= set(self.live.steps[ahead].blobs)
+        for name in self._victims(index, keep):
+            if self.pool.in_use <= self.soft:
+                break
+            self._evict(name, index, actions)
+
+    def _epilogue(self, actions: list) -> None:
+        last = self.live.n - 1
+        for name in self.live.outputs:
+            if name in self.resident and name in self.dirty:
+                if name in self.pinned:
+                    actions.append(self._action("sync", name))
+                    self.dirty.discard(name)
+                    self.host_valid.add(name)
+        for name in list(self.resident):
+            if name not in self.pinned:
+                self._evict(name, last, actions)
+
+    # -- space ----------------------------------------------------------------------------------
+    def _victims(self, index: int, protect: set, victims_after: float = -1) -> list[str]:
+        """Evictable blobs, furthest next need first; only those needed after ``victims_after``."""
+        found = []
+        for name in self.resident:
+            if name in protect or name in self.pinned:
+                continue
+            need = self.live.need_after(name, index)
+            if need > victims_after:
+                found.append((-need, -self.live.blobs[name].nbytes, name))
+        return [name for *_, name in sorted(found)]
+
+    def _allocate(self, name: str, index: int, protect: set, actions: list,
+                  victims_after: float = -1) -> bool:
+        nbytes = self.live.blobs[name].nbytes
+        victims = None
+        while True:
+            try:
+                self.resident[name] = self.pool.allocate(nbytes, name)
+                return True
+            except OutOfDeviceMemory:
+                pass
+            if victims is None:
+                victims = self._victims(index, protect, victims_after)
+            if not victims:
+                return False
+            self._evict(victims.pop(0), index, actions)
+
+    def _evict(self, name: str, index: int, actions: list) -> None:
+        needed = self.live.need_after(name, index) != INFINITY
+        if name in self.dirty and needed:
+            actions.append(self._action("swap_out", name))
+            self.host_valid.add(name)
+        else:
+            actions.append(self._action("drop", name))
+        self.dirty.discard(name)
+        self.device_valid.discard(name)
+        self.pool.free(self.resident.pop(name))
+
+    def _action(self, kind: str, name: str, for_step: int | None = None) -> Action:
+        slot = self.resident[name]
+        return Action(kind, name, self.live.blobs[name].nbytes, slot.offset, slot.nbytes, for_step)
+
+    def _demand_message(self, index: int, name: str) -> str:
+        step = self.live.steps[index]
+        working = sum(align_up(self.live.blobs[b].nbytes) for b in set(step.blobs))
+        pinned = sum(align_up(self.live.blobs[b].nbytes) for b in self.pinned_names
+                     if b not in step.blobs)
+        fix = ("lower lms.min_swap_bytes, " if pinned else "") + \
+            "raise device.memory, or lower the batch size (or max_workspace)"
+        return (f"out of device memory at step {index} ({step.name}): its working set needs "
+                f"{format_bytes(working)} (placing {name}, {format_bytes(self.live.blobs[name].nbytes)})"
+                f"{f' beside {format_bytes(pinned)} pinned' if pinned else ''}, capacity "
+                f"{format_bytes(self.pool.capacity)}, largest free block "
+                f"{format_bytes(self.pool.stats().largest_free)}: {fix}")
+
+
+def make_plan(net: Net, steps: list[Step], capacity: int, policy: Policy = Policy()) -> Plan:
+    """The plan of one iteration of ``steps`` in a pool of ``capacity`` bytes under ``policy``
+    (manual knobs; see ``minilms.cost.plan_for`` for ``auto``). Raises PlanError if none fits.
+
+    Prefetched blobs take space early and can leave the pool too fragmented for a later step
+    (nothing moves once placed): then the prefetch distance is shortened until the plan fits,
+    and ``plan.notes`` says so. Prefetch never makes a plan that fits fail."""
+    try:
+        return _Planner(net, steps, capacity, policy).run()
+    except PlanError:
+        if policy.prefetch == 0 or not policy.enabled:
+            raise
+    for distance in range(policy.prefetch - 1, -1, -1):
+        try:
+            plan = _Planner(net, steps, capacity, replace(policy, prefetch=distance)).run()
+        except PlanError:
+            if distance == 0:
+                raise
+            continue
+        plan.notes.append(f"prefetch {policy.prefetch} does not fit in "
+                          f"{format_bytes(capacity)}: planned with prefetch {distance}")
+        return plan
+
+
+# -- sizes the planner reports ------------------------------------------------------------------
+def resident_bytes(net: Net, steps: list[Step]) -> int:
+    """The pool LMS off needs: every blob of the schedule resident at once (aligned)."""
+    return sum(align_up(info.nbytes) for info in Liveness(net, steps).blobs.values())
+
+
+def working_set_bytes(net: Net, step: Step) -> int:
+    return sum(align_up(net.blobs[name].nbytes) for name in set(step.blobs))
+
+
+def least_pool(net: Net, steps: list[Step], policy: Policy = Policy()) -> int:
+    """The smallest pool (a multiple of the alignment) with which ``make_plan`` succeeds under
+    ``policy``, by bisection between the largest working set and LMS off's need. Fragmentation
+    can make it more than the largest working set; planning is cheap, so it is searched, not
+    estimated."""
+    policy = replace(policy, prefetch=0)    # prefetch only uses space that is there
+    unit = Pool(1 << 20).alignment
+    low = max(working_set_bytes(net, s) for s in steps) // unit
+    high = -(-resident_bytes(net, steps) // unit)
+    if not policy.enabled:
+        return high * unit
+
+    def fits(units: int) -> bool:
+        try:
+            make_plan(net, steps, units * unit, policy)
+            return True
+        except PlanError:
+            return False
+    while not fits(high):   # pinned blobs can fragment beyond the sum; rarely
+        high *= 2
+    while low < high:
+        middle = (low + high) // 2
+        if fits(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return high * unit
+
+
+def check_plan(plan: Plan) -> None:
+    """Replay ``plan``'s actions on a fresh pool and a model of where each blob's data is valid,
+    independently of how the planner decided them, and assert what every plan must satisfy:
+    placements never overlap and the pool stays consistent; every step's working set is resident,
+    and what it reads is valid on the device; a load (H2D) brings valid host data into a slot whose
+    device copy is not already valid; a swap-out copies a dirty blob; no data that is read later is
+    ever lost; the iteration ends as it began (only pinned blobs placed, state on the host or
+    pinned, outputs on the host)."""
+    pool = Pool(plan.capacity, report=False)
+    slots: dict = {}
+    host = set(plan.persistent) | set(plan.host_inputs)
+    device: set = set()
+    dirty: set = set()
+
+    def apply(action: Action, where: str) -> None:
+        name = action.blob
+        if action.places and name not in slots:
+            slots[name] = pool.allocate(action.size, name, at=action.offset)
+        assert name in slots, f"{where}: {action.kind} of {name}, which is not placed"
+        if action.kind == "swap_in":
+            assert name in host, f"{where}: loads {name}, whose host copy is not valid"
+            assert name not in device, f"{where}: loads {name}, already valid on the device"
+            device.add(name)
+        elif action.copies == "d2h":
+            assert name in dirty, f"{where}: copies {name} home, which is not dirty"
+            host.add(name)
+            dirty.discard(name)
+        if action.frees:
+            pool.free(slots.pop(name))
+            device.discard(name)
+            if name in dirty:          # dropped dirty: the newest data is gone
+                dirty.discard(name)
+                host.discard(name)
+
+    for action in plan.prologue:
+        apply(action, "prologue")
+    for index, step_plan in enumerate(plan.steps):
+        step = step_plan.step
+        for action in step_plan.actions:
+            apply(action, f"step {index} ({step.name})")
+        missing = set(step.blobs) - set(slots)
+        assert not missing, f"step {index} ({step.name}) runs without {sorted(missing)} resident"
+        stale = set(step.reads + step.updates) - device
+        assert not stale, f"step {index} ({step.name}) reads {sorted(stale)}, not valid on device"
+        for name in step.writes + step.updates + step.workspace:
+            device.add(name)
+            dirty.add(name)
+            host.discard(name)
+        pool.check()
+    for action in plan.epilogue:
+        apply(action, "epilogue")
+    assert set(slots) == set(plan.pinned), "the iteration does not end as it began"
+    for name in plan.persistent:
+        assert name in host or name in plan.pinned, f"{name} lost at the end of the iteration"
+    for name in plan.outputs:
+        assert name in host, f"output {name} is not on the host after the iteration"
+
+
+def format_blob(info: BlobInfo) -> str:
+    return f"{info.name} {list(info.shape)} {format_bytes(info.nbytes)}"
