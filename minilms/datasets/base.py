@@ -1,0 +1,193 @@
+"""What every dataset split is, and the checks every format shares.
+
+A split is a fixed, numbered list of labelled images. ``get(indices)`` returns the images as
+float32 ``[n, C, H, W]`` in [0, 1] and the labels as int32 ``[n]``; everything downstream
+(augmentation, the loader, the input blob) sees only that. Formats store pixels however suits them
+(uint8 arrays in memory, files decoded on demand, images drawn from a seed) and implement one
+method, ``_pixels(indices)``.
+
+Keeping pixels as uint8 until a batch is asked for costs a quarter of the memory of float32, and
+scaling in one place means every format agrees on what 1.0 means.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+
+SPLITS = ("train", "val")
+
+
+class Dataset:
+    """One split of a data set: ``len``, ``classes``, ``num_classes``, ``shape`` (C, H, W),
+    ``labels`` (int32, all of them) and ``get(indices)``."""
+
+    def __init__(self, name: str, split: str, classes: Sequence[str], shape: tuple[int, int, int],
+                 labels: np.ndarray):
+        self.name, self.split = name, split
+        self.classes = tuple(str(c) for c in classes)
+        self.shape = tuple(int(d) for d in shape)
+        # Our own copy, made read-only: the split's truth must not change under a caller's edit.
+        labels = np.array(labels, dtype=np.int32)
+        labels.setflags(write=False)
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def get(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """Images float32 ``[n, C, H, W]`` scaled to [0, 1], and labels int32 ``[n]``."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
+            bad = indices[(indices < 0) | (indices >= len(self))][0]
+            raise IndexError(f"{self!r}: index {bad} out of range 0..{len(self) - 1}")
+        pixels = self._pixels(indices)
+        if pixels.dtype == np.uint8:
+            images = pixels.astype(np.float32) / np.float32(255)  # x / 255 exactly rounded
+        else:
+            images = np.array(pixels, dtype=np.float32)  # a copy: callers may write into a batch
+        return images, self.labels[indices]  # fancy indexing: a copy
+
+    def _pixels(self, indices: np.ndarray) -> np.ndarray:
+        """uint8 (0..255) or float32 (already in [0, 1]) pixels ``[n, C, H, W]``."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        c, h, w = self.shape
+        return (f"<{self.name} {self.split}: {len(self)} images {c}x{h}x{w}, "
+                f"{self.num_classes} classes>")
+
+
+class ArrayDataset(Dataset):
+    """A split held in memory as one array ``[N, C, H, W]`` (uint8, or float32 in [0, 1]),
+    converted to ``channels`` (1 or 3) per batch so a 3-channel model can train on grey images."""
+
+    def __init__(self, name: str, split: str, classes: Sequence[str], images: np.ndarray,
+                 labels: np.ndarray, channels: int | None = None):
+        self._images = images
+        self._channels = images.shape[1] if channels is None else channels
+        super().__init__(name, split, classes, (self._channels, *images.shape[2:]), labels)
+
+    def _pixels(self, indices: np.ndarray) -> np.ndarray:
+        return convert_channels(self._images[indices], self._channels)
+
+
+class CachedDataset(Dataset):
+    """A split whose images are made one at a time (drawn, or decoded from a file) by
+    ``_make(index) -> uint8 [C, H, W]`` and, with ``cache``, kept in memory once made.
+
+    Two threads may make the same image at once; both write the same bytes, so no lock is needed.
+    """
+
+    def __init__(self, name: str, split: str, classes: Sequence[str], shape: tuple[int, int, int],
+                 labels: np.ndarray, cache: bool = True):
+        super().__init__(name, split, classes, shape, labels)
+        # np.empty only reserves address space; pages are committed as images are made.
+        self._cache = np.empty((len(self), *self.shape), np.uint8) if cache else None
+        self._made = np.zeros(len(self), bool) if cache else None
+
+    def _make(self, index: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _pixels(self, indices: np.ndarray) -> np.ndarray:
+        out = np.empty((len(indices), *self.shape), np.uint8)
+        for slot, index in enumerate(indices.tolist()):
+            if self._cache is None:
+                out[slot] = self._make(index)
+            else:
+                if not self._made[index]:
+                    self._cache[index] = self._make(index)
+                    self._made[index] = True
+                out[slot] = self._cache[index]
+        return out
+
+
+def convert_channels(pixels: np.ndarray, channels: int) -> np.ndarray:
+    """``[n, C, H, W]`` to ``channels``: grey is repeated into RGB; RGB becomes grey with
+    ITU-R 601 luma, the weights Pillow's ``convert("L")`` uses, so every format agrees."""
+    have = pixels.shape[1]
+    if have == channels:
+        return pixels
+    if have == 1 and channels == 3:
+        return np.repeat(pixels, 3, axis=1)
+    if have == 3 and channels == 1:
+        weights = np.array([0.299, 0.587, 0.114], np.float32).reshape(1, 3, 1, 1)
+        grey = (pixels.astype(np.float32) * weights).sum(axis=1, keepdims=True)
+        return np.rint(grey).astype(np.uint8) if pixels.dtype == np.uint8 else grey
+    raise ValueError(f"cannot convert {have} channels to {channels}")
+
+
+# --- option checks shared by the formats: each failure is a ConfigError naming the data.* key ---
+
+def check_split(split: str) -> str:
+    if split not in SPLITS:
+        raise ConfigError("split", "train or val", split)
+    return split
+
+
+def check_int(key: str, value, default: int | None, low: int, high: int | None = None,
+              what: str = "") -> int | None:
+    """``value`` (or ``default`` when None) as an int in [low, high]."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low \
+            or (high is not None and value > high):
+        span = f"{low}..{high}" if high is not None else f">= {low}"
+        raise ConfigError(f"data.{key}", what or f"an integer {span}", value)
+    return int(value)
+
+
+def check_channels(value, default: int | None) -> int | None:
+    if value is None:
+        return default
+    if value not in (1, 3) or isinstance(value, bool):
+        raise ConfigError("data.channels", "1 (grey) or 3 (RGB)", value)
+    return int(value)
+
+
+def check_fraction(key: str, value, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ConfigError(f"data.{key}", "a fraction strictly between 0 and 1", value)
+    return float(value)
+
+
+def check_root(root, what: str, kind: str = "dir") -> Path:
+    """``data.root`` as an existing directory (``kind="dir"``) or file (``"file"``)."""
+    if root is None or root == "":
+        raise ConfigError("data.root", what, root)
+    path = Path(root).expanduser()
+    exists = path.is_dir() if kind == "dir" else path.is_file()
+    if not exists:
+        raise ConfigError("data.root", what, str(root),
+                          hint=" (no such file or directory)" if not path.exists() else "")
+    return path
+
+
+def check_native_size(name: str, height: int, width: int, image_size) -> None:
+    """File formats do not resize: ``data.image_size``, when given, must be the files' own size."""
+    if image_size is not None and (image_size != height or image_size != width):
+        raise ConfigError("data.image_size", f"{height} for {name} (the size of its images)"
+                          if height == width else f"null for {name} ({height}x{width} images)",
+                          image_size)
+
+
+def check_num_classes(name: str, actual: int, requested) -> None:
+    """``data.num_classes``, when given for a file format, must match the data (it sizes the
+    model's last layer, so a mismatch is a config mistake worth stopping for)."""
+    if requested is not None and requested != actual:
+        raise ConfigError("data.num_classes", f"{actual} for {name}", requested)
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as ``Type: message`` on one line, for the ``found`` part of a DatasetError."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -1,0 +1,122 @@
+"""MNIST and Fashion-MNIST from their IDX files, gzipped or not.
+
+The IDX format (LeCun's): a big-endian header, ``0x00 0x00 <type> <ndim>`` then ``ndim`` uint32
+sizes, then the data. Images are type 0x08 (ubyte) with 3 dimensions (magic 2051), labels ubyte
+with 1 (magic 2049). Every field is checked against the data that follows, because a truncated
+download is the usual failure and it should be named, not surface as a reshape error mid-training.
+
+Files (``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-...``) are looked for in
+``root``, then in the layouts torchvision and Kaggle use; a name may end in ``.gz``. Compression is
+detected from the bytes, not the name. The ``val`` split is the format's test split (t10k).
+"""
+from __future__ import annotations
+
+import gzip
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DatasetError
+from .base import (ArrayDataset, check_channels, check_native_size, check_num_classes,
+                   check_root, check_split, one_line)
+
+IMAGES_MAGIC, LABELS_MAGIC = 2051, 2049
+FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+         "val": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+CLASSES = {
+    "mnist": tuple(str(d) for d in range(10)),
+    "fashion_mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                      "Sneaker", "Bag", "Ankle boot"),
+}
+_TORCHVISION_DIRS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}
+
+
+def find_file(root: Path, base: str, name: str) -> Path:
+    """``base`` (or ``base.gz``, or Kaggle's ``train-images.idx3-ubyte`` spelling) under ``root``,
+    ``root/raw`` or torchvision's ``root/<Name>/raw``."""
+    folders = [root, root / "raw", root / _TORCHVISION_DIRS[name] / "raw"]
+    spellings = [base, base.replace("-idx", ".idx")]
+    for folder in folders:
+        for spelling in spellings:
+            for candidate in (folder / spelling, folder / f"{spelling}.gz"):
+                if candidate.is_file():
+                    return candidate
+    raise DatasetError(root / base, "an IDX file (plain or .gz)", "no such file")
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped if they are gzip (magic 1f 8b; IDX files start with 00 00)."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise DatasetError(path, "a readable file", one_line(error)) from None
+    if data[:2] != b"\x1f\x8b":
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as error:
+        raise DatasetError(path, "a complete gzip file", f"a damaged one ({one_line(error)})") \
+            from None
+
+
+def read_idx(path: Path, magic: int) -> np.ndarray:
+    """An IDX ubyte array whose header must carry ``magic``; every size is checked."""
+    data = read_bytes(path)
+    ndim = magic & 0xFF
+    what = "images" if magic == IMAGES_MAGIC else "labels"
+    header_size = 4 + 4 * ndim
+    if len(data) < header_size:
+        raise DatasetError(path, f"an IDX header of {header_size} bytes",
+                           f"{len(data)} bytes in all (truncated)")
+    found_magic = int.from_bytes(data[:4], "big")
+    if found_magic != magic:
+        raise DatasetError(path, f"IDX magic number {magic} ({what}: {ndim}-d unsigned bytes)",
+                           found_magic)
+    dims = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
+    expected = int(np.prod(dims, dtype=np.int64))
+    payload = len(data) - header_size
+    if payload != expected:
+        state = "truncated" if payload < expected else "trailing bytes"
+        raise DatasetError(path, f"{expected} data bytes for dimensions {'x'.join(map(str, dims))}",
+                           f"{payload} ({state})")
+    return np.frombuffer(data, np.uint8, offset=header_size).reshape(dims)
+
+
+def load_split(root: Path, name: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Images uint8 ``[N, 1, H, W]`` and labels, checked against each other and the classes."""
+    images_path = find_file(root, FILES[split][0], name)
+    labels_path = find_file(root, FILES[split][1], name)
+    images = read_idx(images_path, IMAGES_MAGIC)
+    labels = read_idx(labels_path, LABELS_MAGIC)
+    if len(labels) != len(images):
+        raise DatasetError(labels_path, f"{len(images)} labels, one per image in "
+                           f"{images_path.name}", len(labels))
+    num_classes = len(CLASSES[name])
+    if len(labels) and labels.max() >= num_classes:
+        raise DatasetError(labels_path, f"labels 0..{num_classes - 1}", f"label {labels.max()}")
+    return images[:, None], labels
+
+
+def open_idx(name: str, split: str, *, root=None, image_size=None, channels=None,
+             num_classes=None) -> ArrayDataset:
+    split = check_split(split)
+    folder = check_root(root, f"a directory with the {name} IDX files")
+    images, labels = load_split(folder, name, split)
+    check_native_size(name, images.shape[2], images.shape[3], image_size)
+    check_num_classes(name, len(CLASSES[name]), num_classes)
+    return ArrayDataset(name, split, CLASSES[name], images, labels, check_channels(channels, 1))
+
+
+def open_mnist(split: str, *, root=None, image_size=None, channels=None,
+               num_classes=None) -> ArrayDataset:
+    """The ``mnist`` format: handwritten digits 0-9."""
+    return open_idx("mnist", split, root=root, image_size=image_size, channels=channels,
+                    num_classes=num_classes)
+
+
+def open_fashion_mnist(split: str, *, root=None, image_size=None, channels=None,
+                       num_classes=None) -> ArrayDataset:
+    """The ``fashion_mnist`` format: ten kinds of clothing, same files and layout as MNIST."""
+    return open_idx("fashion_mnist", split, root=root, image_size=image_size, channels=channels,
+                    num_classes=num_classes)
