@@ -61,11 +61,19 @@ def _represent_list(dumper, data):
     return dumper.represent_sequence(_TAG + "seq", data, flow_style=flow)
 
 
+def _represent_str(dumper, data):
+    # YAML counts NEL and the Unicode line/paragraph separators as line breaks: in a plain or
+    # single-quoted scalar PyYAML folds them away, so such strings go double-quoted (escaped).
+    style = '"' if any(c in data for c in "\x85\u2028\u2029") else None
+    return dumper.represent_scalar(_TAG + "str", data, style=style)
+
+
 class _Layer(dict):
     """A layer mapping, written on one line like the configs in the docs."""
 
 
 ConfigDumper.add_representer(list, _represent_list)
+ConfigDumper.add_representer(str, _represent_str)
 ConfigDumper.add_representer(
     _Layer, lambda dumper, data: dumper.represent_mapping(_TAG + "map", data, flow_style=True))
 for _cls in (ConfigLoader, ConfigDumper):   # on these classes only: yaml's own stay YAML 1.1

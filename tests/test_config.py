@@ -55,7 +55,7 @@ def test_a_minimal_config_gets_every_default(tmp_path):
                  "augment": {"crop_padding": 0, "flip": False, "normalize": True}, "prefetch": 2},
         "device": {"kind": "auto", "memory": "auto", "link": None},
         "lms": {"enabled": True, "policy": "auto", "min_swap_bytes": 0, "limit": None,
-                "start_fraction": 0.0, "prefetch": 0},
+                "start_fraction": 0.0, "prefetch": 0, "keep_state": False},
         "solver": {"type": "sgd", "lr": 0.01, "momentum": 0.9, "nesterov": False,
                    "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8,
                    "schedule": {"type": "constant", "step_size": None, "gamma": 0.1,
