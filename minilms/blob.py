@@ -44,6 +44,7 @@ class Blob:
         self.state = State.UNINITIALIZED
         self.slot: Slot | None = None
         self._device_view = None
+        self._views: dict = {}     # offset -> device view: a plan places a blob at few offsets
 
     # -- placement -------------------------------------------------------------------------------
     @property
@@ -55,7 +56,11 @@ class Blob:
         if self.slot is not None:
             raise RuntimeError(f"blob {self.name} is already placed at {self.slot.offset}")
         self.slot = self.device.pool.allocate(self.nbytes, self.name, at=at)
-        self._device_view = self.device.view(self.slot, self.shape, self.dtype)
+        view = self._views.get(self.slot.offset)
+        if view is None:
+            view = self._views[self.slot.offset] = self.device.view(self.slot, self.shape,
+                                                                    self.dtype)
+        self._device_view = view
         return self.slot
 
     def release(self, needed_later: bool = True, stream=None) -> str:

@@ -36,6 +36,41 @@ class Program:
     blobs: dict
     train: bool
 
+    def __post_init__(self):
+        """Which copies each step must wait for, computed once. The copy stream runs in order,
+        so waiting for one copy waits for all before it; a step waits for the latest of: the
+        loads of its own blobs, and the swap-outs of space it writes without loading (a kernel
+        must not overwrite a copy still in flight). Prefetches for later steps and swap-outs of
+        space it does not touch go on under its compute."""
+        self.copying, self.marks = [], set()
+        self.sequence_of: dict = {}   # id(action) -> its place on the copy stream
+        sequence, waited = 0, 0
+        loaded: dict = {}          # blob -> sequence number of its latest load
+        outgoing: list = []        # (sequence, start, end) of swap-outs not yet waited for
+        for step_plan in self.plan.steps:
+            now = step_plan.release + step_plan.demand
+            copies_any = False
+            for action in now + step_plan.prefetch:
+                if action.copies:
+                    copies_any = True
+                    sequence += 1
+                    if action.copies == "h2d":
+                        loaded[action.blob] = sequence
+                    else:
+                        outgoing.append((sequence, action.offset, action.offset + action.size))
+                    self.sequence_of[id(action)] = sequence
+            need = max([loaded.get(name, 0) for name in step_plan.step.blobs] + [0])
+            for action in now:
+                if action.kind == "alloc":
+                    need = max([need] + [seq for seq, start, end in outgoing
+                                         if start < action.offset + action.size
+                                         and action.offset < end])
+            wait = need if need > waited else None
+            if wait is not None:
+                self.marks.add(wait)
+                waited = wait
+                outgoing = [o for o in outgoing if o[0] > wait]
+            self.copying.append((now, copies_any, wait))
 
 class LmsExecutor(Executor):
     """``LmsExecutor(net, device, solver, policy)``: train ``net`` within ``device``'s pool."""
@@ -129,26 +164,20 @@ class LmsExecutor(Executor):
             for loss in self.net.loss_blobs:
                 self.blobs[f"{loss}.grad"].mutable_host_data(overwrite=True)[...] = 1.0
         compute, copy = self.device.compute_stream, self.device.copy_stream
-        stall, unwaited = 0.0, False   # unwaited: copies issued that some step may depend on
-        for index, step_plan in enumerate(plan.steps):
-            now = step_plan.release + step_plan.demand
-            if any(a.copies for a in now + step_plan.prefetch):
+        program, stall, events_at = self.current, 0.0, {}
+        for step_plan, (now, copies, wait) in zip(plan.steps, program.copying):
+            if copies:
                 self._after_compute(compute, copy)
-            for action in now:
+            for action in now + step_plan.prefetch:
                 self._apply(action, copy)
-            # The step waits for its own loads, for prefetches meant for it, and for swap-outs
-            # (their space may be what it writes). Steps that need none of that do not wait.
-            unwaited |= any(a.copies for a in now)
-            if unwaited:
-                ready = self.device.event()
-                ready.record(copy)
-            for action in step_plan.prefetch:
-                self._apply(action, copy)
-            if unwaited:
+                number = program.sequence_of.get(id(action))
+                if number in program.marks:
+                    events_at[number] = event = self.device.event()
+                    event.record(copy)
+            if wait is not None:
                 waited = time.perf_counter()
-                ready.wait(compute)
+                events_at.pop(wait).wait(compute)
                 stall += time.perf_counter() - waited
-            unwaited = any(a.copies for a in step_plan.prefetch)
             step = step_plan.step
             if step.kind == "forward":
                 self.forward(step, train)

@@ -12,7 +12,11 @@ allocator the device uses, silent to the trace) and records, per step, what the 
                later than the one brought in, issued while this step computes
 
 Eviction is ``swap_out`` (D2H, then free) for a dirty blob that is needed again, ``drop`` (free, no
-copy) for anything else. Every action carries its pool offset, so the executor runs no allocator
+copy) for anything else. To make room, the blob needed furthest in the future goes first, until
+there is space enough; if that space is in pieces (nothing moves once placed), the cheapest
+contiguous window of free space and evictable blobs is cleared; as a last resort, the step's own
+resident blobs are moved through the host (evicted and brought back elsewhere). Each eviction says
+why. Every action carries its pool offset, so the executor runs no allocator
 search; the device's pool checks each placement and would reject an overlap.
 
 A blob's *need* is its next read or update before any overwrite: a blob whose next use writes it
@@ -40,6 +44,7 @@ from .pool import Pool, align_up
 from .sizes import format_bytes
 
 PERSISTENT_ROLES = ("param", "optimizer_state")
+_COPIES = {"swap_in": "h2d", "swap_out": "d2h", "sync": "d2h"}
 INFINITY = float("inf")
 
 
@@ -82,11 +87,13 @@ class Action:
     offset: int               # its pool offset (where it goes, or where it was)
     size: int                 # the aligned slot
     for_step: int | None = None   # prefetch: the step the load serves
+    why: str = ""                 # evictions: "dead", "furthest next use", "contiguous space",
+                                  # "relocation", "soft limit", "end of iteration"
 
     @property
     def copies(self) -> str | None:
         """``"h2d"``, ``"d2h"`` or None."""
-        return {"swap_in": "h2d", "swap_out": "d2h", "sync": "d2h"}.get(self.kind)
+        return _COPIES.get(self.kind)
 
     @property
     def places(self) -> bool:
@@ -273,7 +280,12 @@ class _Planner:
     def _demand(self, index: int, actions: list) -> None:
         step = self.live.steps[index]
         working = set(step.blobs)
-        for name in dict.fromkeys(step.reads + step.updates + step.writes + step.workspace):
+        names = list(dict.fromkeys(step.reads + step.updates + step.writes + step.workspace))
+        # Largest first: a big blob finds a hole before the small ones split the free space.
+        pending = sorted(names, key=lambda n: -self.live.blobs[n].nbytes)
+        placements = 0
+        while pending:
+            name = pending.pop(0)
             load = self.live.kind_at(name, index) in ("read", "update")
             if load and name not in self.host_valid and name not in self.device_valid:
                 raise PlanError(f"step {index} ({step.name}) reads {name} before any step "
@@ -283,11 +295,15 @@ class _Planner:
                     actions.append(self._action("swap_in", name))
                     self.device_valid.add(name)
                 continue
-            if not self._allocate(name, index, working, actions):
+            placements += 1
+            if placements > 4 * len(names) or \
+                    not self._allocate(name, index, working, actions, relocate=True):
                 raise PlanError(self._demand_message(index, name))
             actions.append(self._action("swap_in" if load else "alloc", name))
             if load:
                 self.device_valid.add(name)
+            # Relocation may have sent some of this step's own blobs home: bring them back.
+            pending += [n for n in names if n not in self.resident and n not in pending]
 
     def _prefetch(self, index: int, actions: list) -> None:
         protect = set(self.live.steps[index].blobs)
@@ -312,7 +328,7 @@ class _Planner:
     def _release_after(self, index: int, actions: list) -> None:
         for name in list(self.resident):
             if name not in self.pinned and self.live.need_after(name, index) == INFINITY:
-                self._evict(name, index, actions)
+                self._evict(name, index, actions, "dead")
         if self.pool.in_use <= self.soft:
             return
         keep = set()
@@ -321,7 +337,7 @@ class _Planner:
         for name in self._victims(index, keep):
             if self.pool.in_use <= self.soft:
                 break
-            self._evict(name, index, actions)
+            self._evict(name, index, actions, "soft limit")
 
     def _epilogue(self, actions: list) -> None:
         last = self.live.n - 1
@@ -333,7 +349,7 @@ class _Planner:
                     self.host_valid.add(name)
         for name in list(self.resident):
             if name not in self.pinned:
-                self._evict(name, last, actions)
+                self._evict(name, last, actions, "end of iteration")
 
     # -- space ----------------------------------------------------------------------------------
     def _victims(self, index: int, protect: set, victims_after: float = -1) -> list[str]:
@@ -348,28 +364,87 @@ class _Planner:
         return [name for *_, name in sorted(found)]
 
     def _allocate(self, name: str, index: int, protect: set, actions: list,
-                  victims_after: float = -1) -> bool:
+                  victims_after: float = -1, relocate: bool = False) -> bool:
+        """Place ``name``: in a free block if one is large enough, else in the cheapest window
+        of the pool that free space and evictable blobs make contiguous (nothing moves once
+        placed, so total free space is not enough)."""
         nbytes = self.live.blobs[name].nbytes
+        size = align_up(max(nbytes, 1), self.pool.alignment)
+        top = self.live.blobs[name].role == "workspace"
         victims = None
         while True:
             try:
-                self.resident[name] = self.pool.allocate(nbytes, name)
+                self.resident[name] = self.pool.allocate(nbytes, name, from_top=top)
                 return True
             except OutOfDeviceMemory:
                 pass
+            if self.pool.capacity - self.pool.in_use >= size:
+                break                        # space enough, not in one piece
             if victims is None:
                 victims = self._victims(index, protect, victims_after)
             if not victims:
                 return False
-            self._evict(victims.pop(0), index, actions)
+            self._evict(victims.pop(0), index, actions, "furthest next use")
+        window = self._window(nbytes, index, protect, victims_after)
+        why = "contiguous space"
+        if window is None and relocate:   # last resort: move the step's own blobs via the host
+            window, why = self._window(nbytes, index, set(), victims_after, protect), "relocation"
+        if window is None:
+            return False
+        start, victims = window
+        for victim in victims:
+            self._evict(victim, index, actions, why, needed=victim in protect or None)
+        self.resident[name] = self.pool.allocate(nbytes, name, at=start)
+        return True
 
-    def _evict(self, name: str, index: int, actions: list) -> None:
-        needed = self.live.need_after(name, index) != INFINITY
+    def _window(self, nbytes: int, index: int, protect: set, victims_after: float,
+                costly: set = frozenset()):
+        """``(offset, blobs to evict)`` of the cheapest window of ``nbytes`` (aligned) that holds
+        only free space and evictable blobs, or None. A victim costs its bytes over the steps
+        until it is needed again (twice that if it is dirty: a swap-out too): far-off and dead
+        blobs go first, as furthest-next-use eviction would have it. A sliding window per run of
+        blocks between unmovable ones."""
+        size = align_up(max(nbytes, 1), self.pool.alignment)
+        blocks = [(offset, length, None, 0.0) for offset, length in self.pool.free_blocks()]
+        for slot in self.pool.slots():
+            name = slot.owner
+            need = self.live.need_after(name, index)
+            movable = name not in protect and name not in self.pinned and need > victims_after
+            if name in costly:
+                cost = 1e6 * slot.nbytes
+            else:
+                cost = INFINITY if not movable else 0.0 if need == INFINITY else \
+                    slot.nbytes * (2 if name in self.dirty else 1) / (need - index)
+            blocks.append((slot.offset, slot.nbytes, name, cost))
+        blocks.sort()
+        best = None
+        left, covered, cost = 0, 0, 0.0
+        for right, (_, length, _, block_cost) in enumerate(blocks):
+            if block_cost == INFINITY:           # an unmovable blob: no window spans it
+                left, covered, cost = right + 1, 0, 0.0
+                continue
+            covered += length
+            cost += block_cost
+            while covered - blocks[left][1] >= size:   # drop blocks the window does not need
+                covered -= blocks[left][1]
+                cost -= blocks[left][3]
+                left += 1
+            if covered >= size and (best is None or cost < best[0] - 1e-12):
+                best = (cost, left, right)
+        if best is None:
+            return None
+        _, left, right = best
+        return blocks[left][0], [b[2] for b in blocks[left:right + 1] if b[2] is not None]
+
+    def _evict(self, name: str, index: int, actions: list, why: str,
+                needed: bool | None = None) -> None:
+        if needed is None:
+            needed = self.live.need_after(name, index) != INFINITY
         if name in self.dirty and needed:
-            actions.append(self._action("swap_out", name))
+            actions.append(replace(self._action("swap_out", name), why=why))
             self.host_valid.add(name)
         else:
-            actions.append(self._action("drop", name))
+            actions.append(replace(self._action("drop", name), why=why if needed else "dead"))
         self.dirty.discard(name)
         self.device_valid.discard(name)
         self.pool.free(self.resident.pop(name))
@@ -515,3 +590,9 @@ def check_plan(plan: Plan) -> None:
 
 def format_blob(info: BlobInfo) -> str:
     return f"{info.name} {list(info.shape)} {format_bytes(info.nbytes)}"
+
+
+if __name__ == "__main__":   # python -m minilms.plan CONFIG.yaml: the command, in minilms.commands
+    from minilms.commands.common import run
+    from minilms.commands.plan import main
+    raise SystemExit(run(main))

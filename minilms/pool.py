@@ -65,15 +65,23 @@ class Pool:
         self.report = report
 
     # -- allocation ------------------------------------------------------------------------------
-    def allocate(self, nbytes: int, owner: str, at: int | None = None) -> Slot:
-        """Reserve ``nbytes`` (rounded up to the alignment) for ``owner``; at ``at`` if given."""
+    def allocate(self, nbytes: int, owner: str, at: int | None = None,
+                 from_top: bool = False) -> Slot:
+        """Reserve ``nbytes`` (rounded up to the alignment) for ``owner``; at ``at`` if given.
+        ``from_top``: the highest free block that holds it, filled from its end (the planner
+        keeps one-step workspace there, away from longer-lived blobs, to limit fragmentation)."""
         if nbytes < 0:
             raise ValueError(f"{owner}: cannot allocate {nbytes} bytes")
         size = align_up(max(nbytes, 1), self.alignment)
-        block = self._best_fit(size) if at is None else self._block_containing(at, size)
+        if at is not None:
+            block = self._block_containing(at, size)
+        else:
+            block = self._top_fit(size) if from_top else self._best_fit(size)
         if block is None:
             raise OutOfDeviceMemory(self._exhausted_message(owner, nbytes, size, at))
-        start = block if at is None else at
+        if at is None:
+            at = block + self._free_sizes[block] - size if from_top else block
+        start = at
         self._carve(block, start, size)
         slot = Slot(start, size, owner)
         self._used[start] = slot
@@ -101,6 +109,12 @@ class Pool:
                 if block == size:
                     break
         return best
+
+    def _top_fit(self, size: int) -> int | None:
+        for offset in reversed(self._free_offsets):
+            if self._free_sizes[offset] >= size:
+                return offset
+        return None
 
     def _block_containing(self, at: int, size: int) -> int | None:
         if at < 0 or at % self.alignment:

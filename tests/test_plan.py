@@ -108,22 +108,27 @@ def test_default_keeps_only_what_the_next_step_needs():
 
 
 def test_eviction_takes_the_furthest_next_use():
-    """Whenever the planner evicts to make room, no blob it left in the pool (other than the
-    step's own) is needed later than the one it evicted."""
+    """Whenever the planner evicts to make room ("furthest next use"), no blob it left in the pool
+    (other than the step's own) is needed later than the one it evicted. When the space is there
+    but in pieces, it clears a contiguous window instead, and says so ("contiguous space")."""
     net, steps, _, _ = net_named("resnet18/16")
     live = Liveness(net, steps)
     lazy = Policy(limit=1 << 40)      # evictions only where the pool is full: the planner's choice
     plan = make_plan(net, steps, least_pool(net, steps, lazy), lazy)
-    evictions = 0
+    reasons = {}
     for index, step_plan in enumerate(plan.steps):
         mine = set(step_plan.step.blobs)
         for action in step_plan.demand:
-            if action.kind in ("swap_out", "drop"):
-                evictions += 1
+            if action.frees:
+                reasons[action.why] = reasons.get(action.why, 0) + 1
+            if action.why == "furthest next use":
                 gone = live.need_after(action.blob, index)
                 kept = [live.need_after(n, index) for n in step_plan.resident if n not in mine]
                 assert all(need <= gone for need in kept), (step_plan.step.name, action)
-    assert evictions > 10
+    assert reasons.get("furthest next use", 0) > 10
+    assert set(reasons) <= {"furthest next use", "contiguous space", "dead"}
+    everything = [a.why for _, a in plan.actions() if a.frees]
+    assert all(everything) and "end of iteration" in everything
 
 
 def test_prefetch_loads_ahead_and_falls_back_when_it_cannot_fit():

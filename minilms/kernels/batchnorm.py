@@ -87,7 +87,7 @@ def forward_train_cuda(x, gamma, beta, y, mean, invstd, running_mean, running_va
             running_var[c] = (one - momentum) * running_var[c] + momentum * (ssd / x.dtype.type(m - 1))
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def forward_train_cpu(x, gamma, beta, y, mean, invstd, running_mean, running_var, momentum, eps):
     n_, c_, hw = x.shape
     m = n_ * hw
@@ -142,7 +142,7 @@ def forward_inference_cuda(x, gamma, beta, running_mean, running_var, y, eps):
         y[n, c, j] = (x[n, c, j] - running_mean[c]) * (gamma[c] * inv) + beta[c]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def forward_inference_cpu(x, gamma, beta, running_mean, running_var, y, eps):
     n_, c_, hw = x.shape
     for plane in prange(n_ * c_):
@@ -195,7 +195,7 @@ def backward_cuda(x, dy, gamma, mean, invstd, dx, dgamma, dbeta):
             dbeta[c] = sum_dy
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def backward_cpu(x, dy, gamma, mean, invstd, dx, dgamma, dbeta):
     n_, c_, hw = x.shape
     m = n_ * hw

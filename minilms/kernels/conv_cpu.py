@@ -98,9 +98,9 @@ def _col2im_kernel(side_by_side: bool):
 
 # [parallel][side_by_side]. Small chunks are done faster by one thread than the thread pool wakes
 # up (see im2col.PARALLEL_MIN): the same code compiled serial.
-_IM2COL = {par: {side: njit(parallel=par, cache=False)(_im2col_kernel(side))
+_IM2COL = {par: {side: njit(parallel=par, cache=False, nogil=True)(_im2col_kernel(side))
                  for side in (False, True)} for par in (False, True)}
-_COL2IM = {par: {side: njit(parallel=par, cache=False)(_col2im_kernel(side))
+_COL2IM = {par: {side: njit(parallel=par, cache=False, nogil=True)(_col2im_kernel(side))
                  for side in (False, True)} for par in (False, True)}
 
 

@@ -98,7 +98,7 @@ def relu_forward_cuda(x, y):
             y[i] = v
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def relu_forward_cpu(x, y):
     for i in prange(x.size):
         v = x[i]
@@ -117,7 +117,7 @@ def relu_backward_cuda(y, dy, dx):
             dx[i] = dy[i]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def relu_backward_cpu(y, dy, dx):
     for i in prange(y.size):
         if y[i] <= 0:
@@ -154,7 +154,7 @@ def axpby_cuda(a, x, b, y, out):
         out[i] = a * x[i] + b * y[i]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def axpby_cpu(a, x, b, y, out):
     for i in prange(x.size):
         out[i] = a * x[i] + b * y[i]
@@ -194,7 +194,7 @@ def scale_cuda(x, alpha, out):
         out[i] = alpha * x[i]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def scale_cpu(x, alpha, out):
     for i in prange(x.size):
         out[i] = alpha * x[i]
@@ -215,7 +215,7 @@ def fill_cuda(out, value):
         out[i] = value
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def fill_cpu(out, value):
     for i in prange(out.size):
         out[i] = value
@@ -260,7 +260,7 @@ def dropout_cuda(x, mask, s, out):
             out[i] = 0
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def dropout_cpu(x, mask, s, out):
     for i in prange(x.size):
         if mask[i] != 0:
@@ -294,7 +294,7 @@ def accumulate_cuda(dst, src):
         dst[i] += src[i]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def accumulate_cpu(dst, src):
     for i in prange(dst.size):
         dst[i] += src[i]

@@ -55,7 +55,7 @@ def sgd_cuda(param, grad, lr, weight_decay):
         param[i] -= lr * g
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def sgd_cpu(param, grad, lr, weight_decay):
     for i in prange(param.size):
         g = grad[i]
@@ -79,7 +79,7 @@ def sgd_momentum_cuda(param, grad, buf, lr, momentum, weight_decay, nesterov):
         param[i] -= lr * g
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def sgd_momentum_cpu(param, grad, buf, lr, momentum, weight_decay, nesterov):
     for i in prange(param.size):
         g = grad[i]
@@ -130,7 +130,7 @@ def adam_cuda(param, grad, m, v, w1, beta2, w2, step_size, bc2_sqrt, eps, weight
         param[i] = p - step_size * mi / (math.sqrt(vi) / bc2_sqrt + eps)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def adam_cpu(param, grad, m, v, w1, beta2, w2, step_size, bc2_sqrt, eps, weight_decay):
     for i in prange(param.size):
         p = param[i]

@@ -194,7 +194,7 @@ def max_pool_forward_cuda(x, y, argmax, geom):
         y[n, c, oh, ow], argmax[n, c, oh, ow] = max_at_cuda(x, n, c, oh, ow, geom)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def max_pool_forward_cpu(x, y, argmax, geom):
     n_, c_, ho, wo = y.shape
     for plane in prange(n_ * c_):
@@ -212,7 +212,7 @@ def max_pool_backward_cuda(dy, argmax, dx, geom):
         dx[n, c, h, w] = max_grad_at_cuda(dy, argmax, n, c, h, w, w_, geom)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def max_pool_backward_cpu(dy, argmax, dx, geom):
     # A scatter, one plane per thread: each dx element receives its dy values in (oh, ow) order,
     # as the CUDA gather adds them, so the sums are identical, at one pass over dy instead of a
@@ -262,7 +262,7 @@ def avg_pool_forward_cuda(x, y, geom, count_pad):
         y[n, c, oh, ow] = avg_at_cuda(x, n, c, oh, ow, geom, count_pad)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def avg_pool_forward_cpu(x, y, geom, count_pad):
     n_, c_, ho, wo = y.shape
     for plane in prange(n_ * c_):
@@ -280,7 +280,7 @@ def avg_pool_backward_cuda(dy, dx, geom, count_pad):
         dx[n, c, h, w] = avg_grad_at_cuda(dy, n, c, h, w, h_, w_, geom, count_pad)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def avg_pool_backward_cpu(dy, dx, geom, count_pad):
     n_, c_, h_, w_ = dx.shape
     for plane in prange(n_ * c_):
@@ -329,7 +329,7 @@ def global_avg_pool_forward_cuda(x, y):
             y[row] = total / x.dtype.type(hw)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def global_avg_pool_forward_cpu(x, y):
     for row in prange(x.shape[0]):
         acc = x.dtype.type(0)
@@ -345,7 +345,7 @@ def global_avg_pool_backward_cuda(dy, dx):
         dx[i // hw, i % hw] = dy[i // hw] / dx.dtype.type(hw)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def global_avg_pool_backward_cpu(dy, dx):
     for row in prange(dx.shape[0]):
         g = dy[row] / dx.dtype.type(dx.shape[1])

@@ -74,7 +74,7 @@ def softmax_xent_forward_cuda(z, labels, prob, loss):
                 loss[n] = math.nan
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def softmax_xent_forward_cpu(z, labels, prob, loss):
     k_ = z.shape[1]
     for n in prange(z.shape[0]):
@@ -111,7 +111,7 @@ def mean_cuda(src, out):
         out[0] = total / src.dtype.type(src.size)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def mean_cpu(src, out):
     acc = src.dtype.type(0)
     for i in range(src.size):
@@ -148,7 +148,7 @@ def softmax_xent_backward_cuda(prob, labels, w, dz):
         dz[n, k] = p * w
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def softmax_xent_backward_cpu(prob, labels, w, dz):
     for n in prange(prob.shape[0]):
         for k in range(prob.shape[1]):
@@ -193,7 +193,7 @@ def accuracy_cuda(z, labels, top_k, count):
         count[0] = total
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def accuracy_cpu(z, labels, top_k, count):
     hits = 0
     for n in range(z.shape[0]):

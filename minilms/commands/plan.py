@@ -1,0 +1,148 @@
+"""``python -m minilms.plan CONFIG.yaml [key=value ...]``: what LMS will do, before anything runs.
+
+Prints the plan for one training iteration of the config's model at its batch size in its
+``device.memory``: a table per layer (output shape, parameters, the largest working set of its
+steps, bytes brought in and sent out per iteration for the blobs it owns, bytes pinned), then the
+totals: whether it fits without LMS, the least pool LMS needs, the plan's peak, bytes moved per
+iteration, and the predicted step time and stall with this plan's prefetch and without.
+
+Planning allocates no device memory: a 16 GiB device plans on a laptop, and so does GoogLeNet at
+2240x2240. A blob *belongs* to the layer whose step touches it first (its parameters, its output,
+the gradients its backward makes).
+"""
+import argparse
+from dataclasses import replace
+
+from ..cost import plan_for, simulate
+from ..device import parse_link
+from ..errors import PlanError
+from ..plan import Plan, least_pool, make_plan, resident_bytes, working_set_bytes
+from ..sizes import format_bytes
+from .common import build_net, cost_model, device_kind, load, lms_policy, planned_capacity, run
+
+COLUMNS = ("layer", "type", "output", "params", "working set", "in/iter", "out/iter", "pinned")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m minilms.plan", description=__doc__.split("\n")[0])
+    p.add_argument("config", help="a YAML config (see configs/)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="settings that replace the file's, e.g. data.batch_size=64")
+    p.add_argument("--link", help="link model for the predicted times (pcie3, pcie4, pcie5, "
+                                  "nvlink2, or GB/s); default: device.link")
+    p.add_argument("--summary", action="store_true", help="totals only, no per-layer table")
+    return p
+
+
+def owners(plan: Plan) -> dict:
+    """Blob name -> the layer whose step touches it first."""
+    owner = {}
+    for step_plan in plan.steps:
+        for name in step_plan.step.blobs:
+            owner.setdefault(name, step_plan.step.layer)
+    return owner
+
+
+def layer_rows(net, plan: Plan) -> list[tuple]:
+    owner = owners(plan)
+    moved = {layer.name: {"h2d": 0, "d2h": 0, "pinned": 0, "ws": 0} for layer in net.layers}
+    for _, action in plan.actions():
+        if action.copies:
+            moved[owner[action.blob]][action.copies] += action.nbytes
+    for name in plan.pinned:
+        moved[owner[name]]["pinned"] += plan.blobs[name].nbytes
+    for step_plan in plan.steps:
+        row = moved[step_plan.step.layer]
+        row["ws"] = max(row["ws"], working_set_bytes(net, step_plan.step))
+    rows = []
+    for layer in net.layers:
+        m = moved[layer.name]
+        count = sum(int(_prod(p.shape)) for p in layer.params())
+        rows.append((layer.name, layer.type, "x".join(map(str, layer.top_shapes[0])),
+                     _count(count), format_bytes(m["ws"]), format_bytes(m["h2d"]),
+                     format_bytes(m["d2h"]), format_bytes(m["pinned"])))
+    return rows
+
+
+def _prod(shape) -> int:
+    total = 1
+    for n in shape:
+        total *= n
+    return total
+
+
+def _count(n: int) -> str:
+    for unit, size in (("M", 10**6), ("K", 10**3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def table(rows: list[tuple]) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [COLUMNS]) for i in range(len(COLUMNS))]
+    lines = ["  ".join(f"{c:<{w}}" if i < 3 else f"{c:>{w}}" for i, (c, w) in
+                       enumerate(zip(row, widths))) for row in [COLUMNS] + rows]
+    return "\n".join(lines)
+
+
+def report(config, link=None, summary: bool = False) -> str:
+    net = build_net(config)
+    steps = net.schedule(("momentum",) if config.solver.type == "sgd" and config.solver.momentum
+                         else ("exp_avg", "exp_avg_sq") if config.solver.type == "adam" else ())
+    capacity = planned_capacity(config)
+    link = parse_link(link) if link is not None else parse_link(config.device.link)
+    model = cost_model(config, link)
+    policy = lms_policy(config)
+    everything = resident_bytes(net, steps)
+    inputs = ", ".join(f"{k} {list(v[0])}" for k, v in net.inputs.items())
+    out = [f"minilms plan: {config.name}: {len(net.layers)} layers, {len(steps)} steps, "
+           f"inputs {inputs}",
+           f"device {device_kind(config)}, pool {format_bytes(capacity)}; cost model "
+           f"{model.describe()}"]
+    least = least_pool(net, steps)
+    try:
+        plan = plan_for(net, steps, capacity, policy, model)
+    except PlanError as error:
+        raise PlanError(f"{error} (LMS needs at least {format_bytes(least)}; LMS off "
+                        f"{format_bytes(everything)})") from None
+    chosen = plan.policy.describe()
+    if plan.candidates:
+        chosen += f" (auto: the fastest of {sum(s is not None for _, s in plan.candidates)} " \
+                  f"plans that fit, of {len(plan.candidates)} weighed)"
+    out.append(chosen)
+    out += [f"note: {note}" for note in plan.notes]
+    if not summary:
+        out += ["", table(layer_rows(net, plan)), ""]
+    timeline = simulate(plan, net, model)
+    no_prefetch = simulate(make_plan(net, steps, capacity, replace(plan.policy, prefetch=0,
+                                                                   policy="manual")), net, model) \
+        if plan.policy.enabled and plan.policy.prefetch else timeline
+    fits = "fits" if everything <= capacity else "does not fit"
+    out += [f"LMS off needs        {format_bytes(everything):>12}  ({fits} in "
+            f"{format_bytes(capacity)})",
+            f"least pool for LMS   {format_bytes(least):>12}  (largest working set "
+            f"{format_bytes(max(working_set_bytes(net, s) for s in steps))})",
+            f"this plan's peak     {format_bytes(plan.peak):>12}  (pinned "
+            f"{format_bytes(plan.pinned_bytes)})",
+            f"moved per iteration  {format_bytes(plan.bytes_moved('h2d')):>12} H2D, "
+            f"{format_bytes(plan.bytes_moved('d2h'))} D2H",
+            f"predicted iteration  {timeline.seconds * 1e3:>9.2f} ms  (compute "
+            f"{timeline.compute_seconds * 1e3:.2f} ms, stall {timeline.stall_seconds * 1e3:.2f} "
+            f"ms with prefetch {plan.policy.prefetch}; stall "
+            f"{no_prefetch.stall_seconds * 1e3:.2f} ms with prefetch 0)"]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    config = load(args.config, args.overrides)
+    try:
+        print(report(config, args.link, args.summary))
+    except Exception as error:
+        error.config = config
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run(main))
