@@ -163,13 +163,13 @@ class Blob:
         elif self.state is State.HOST:
             if events.listening:
                 events.emit("h2d", self.name, self.nbytes, role=self.role, stream=self._stream_name(stream))
-            self.device.h2d(self._device_view, self.host, stream)
+            self.device.h2d(self._device_view, self.host, stream, self.name)
             self._set_state(State.SYNCED)
 
     def _copy_home(self, stream) -> None:
         if events.listening:
             events.emit("d2h", self.name, self.nbytes, role=self.role, stream=self._stream_name(stream))
-        self.device.d2h(self.host, self._device_view, stream)
+        self.device.d2h(self.host, self._device_view, stream, self.name)
 
     def _stream_name(self, stream) -> str:
         if stream is None:

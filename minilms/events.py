@@ -3,6 +3,22 @@
 It costs nothing when nobody listens: emitters guard each report with ``if events.listening:``,
 a plain module attribute read, and build no event at all otherwise. The trace (``minilms.trace``)
 and tests subscribe; nothing that listens may change what it observes.
+
+What is reported (``kind``: ``who``, ``nbytes``; ``detail``), all times in ``clock`` seconds:
+
+    alloc, free   pool slot owner, aligned bytes; offset, in_use (pool bytes after it)
+    h2d, d2h      blob, bytes; role, stream ("sync", "copy", "compute"): a copy is *issued*
+    copy          blob, bytes; direction ("h2d"/"d2h"), start, end, stream: a copy *ran*
+                  (cpu: timed on the thread that copied; cuda: issue time, timing="issued")
+    state         blob, bytes; before, after (uninitialized, host, device, synced)
+    drop          blob, bytes; role: its slot given back without a copy
+    kernel        step name ("forward conv1"), 0; layer, phase, step (index), start, end, stream
+    stall         step name, 0; step, start, end: compute waited for copies (cpu)
+    iteration     "train" or "eval", 0; index, start, end
+    plan          the policy described, the pool capacity; plan, net, train: a plan is about to
+                  be replayed (``minilms.plan.Plan`` and ``minilms.net.Net`` objects)
+
+The roles of blobs (``Blob.role``) are those of ``minilms.blob.ROLES``; pool owners are blob names.
 """
 import time
 from contextlib import contextmanager

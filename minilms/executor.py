@@ -13,6 +13,7 @@ device is the subclass's business:
 """
 import numpy as np
 
+from . import events
 from .blob import Blob
 from .errors import OutOfDeviceMemory
 from .kernels.elementwise import accumulate
@@ -46,6 +47,52 @@ class Executor:
 
     def outputs(self) -> list[str]:
         return [l.top[0] for l in self.net.layers if l.is_loss or l.type == "Accuracy"]
+
+    # -- running a step, timed for the trace -----------------------------------------------------
+    def run_step(self, index: int, step: Step, train: bool, solver) -> None:
+        """One step on the compute stream. While a tracer listens, it is reported as a "kernel"
+        event: timed by the clock on ``cpu`` (kernels are synchronous there), by device events
+        on ``cuda`` (reported by ``report_kernels`` once the iteration has synchronized)."""
+        if not events.listening:
+            self._dispatch(step, train, solver)
+            return
+        if self.device.kind == "cuda":
+            begin, end = self.device.event(), self.device.event()
+            begin.record(self.device.compute_stream)
+            self._dispatch(step, train, solver)
+            end.record(self.device.compute_stream)
+            self._timed.append((index, step, begin, end))
+            return
+        start = events.clock()
+        self._dispatch(step, train, solver)
+        events.emit("kernel", step.name, layer=step.layer, phase=step.kind, step=index,
+                    start=start, end=events.clock(), stream="compute")
+
+    def _dispatch(self, step: Step, train: bool, solver) -> None:
+        if step.kind == "forward":
+            self.forward(step, train)
+        elif step.kind == "backward":
+            self.backward(step)
+        else:
+            self.update(step, solver)
+
+    def begin_iteration_trace(self) -> float:
+        self._timed = []
+        return events.clock()
+
+    def end_iteration_trace(self, started: float, train: bool) -> None:
+        """After the device synchronized: cuda kernel times, and the iteration's own event."""
+        if not events.listening:
+            return
+        if self._timed:
+            origin = self._timed[0][2]
+            for index, step, begin, end in self._timed:
+                events.emit("kernel", step.name, layer=step.layer, phase=step.kind, step=index,
+                            start=started + origin.elapsed_time(begin) / 1e3,
+                            end=started + origin.elapsed_time(end) / 1e3, stream="compute")
+            self._timed = []
+        events.emit("iteration", "train" if train else "eval", index=self.iteration,
+                    start=started, end=events.clock())
 
     def stream(self):
         return self.device.compute_stream if self.device.kind == "cuda" else None
@@ -130,12 +177,12 @@ class ResidentExecutor(Executor):
             self.blobs[name].mutable_host_data(overwrite=True)[...] = value
         for loss in self.net.loss_blobs:
             self.blobs[f"{loss}.grad"].mutable_host_data(overwrite=True)[...] = 1.0
-        for step in self.steps:
-            if step.kind == "forward":
-                self.forward(step, train)
-            elif solver is not None:
-                self.backward(step) if step.kind == "backward" else self.update(step, solver)
+        started = self.begin_iteration_trace()
+        for index, step in enumerate(self.steps):
+            if step.kind == "forward" or solver is not None:
+                self.run_step(index, step, train, solver)
         self.device.synchronize()
+        self.end_iteration_trace(started, train)
         return {name: float(self.blobs[name].host_data()[0]) for name in self.outputs()}
 
     def _read(self, name):

@@ -19,9 +19,9 @@ A plan is made once per input shape and mode (training, or forward only for eval
 cached: a smaller last batch gets its own. Switching between them sends the pinned blobs of the one
 left home; parameters and optimizer state are the same ``Blob`` objects in all of them.
 """
-import time
 from dataclasses import dataclass
 
+from . import events
 from .blob import Blob, State
 from .cost import CostModel, plan_for
 from .executor import Executor
@@ -120,6 +120,9 @@ class LmsExecutor(Executor):
             self.flush()
         self.current, self.net, self.blobs = program, program.net, program.blobs
         self.device.synchronize()
+        if events.listening:   # the trace learns the plan it is about to see replayed
+            events.emit("plan", program.plan.policy.describe(), program.plan.capacity,
+                        plan=program.plan, net=program.net, train=program.train)
         for action in program.plan.prologue:
             self._apply(action, None)
 
@@ -165,7 +168,9 @@ class LmsExecutor(Executor):
                 self.blobs[f"{loss}.grad"].mutable_host_data(overwrite=True)[...] = 1.0
         compute, copy = self.device.compute_stream, self.device.copy_stream
         program, stall, events_at = self.current, 0.0, {}
-        for step_plan, (now, copies, wait) in zip(plan.steps, program.copying):
+        started = self.begin_iteration_trace()
+        for index, (step_plan, (now, copies, wait)) in enumerate(zip(plan.steps,
+                                                                       program.copying)):
             if copies:
                 self._after_compute(compute, copy)
             for action in now + step_plan.prefetch:
@@ -175,20 +180,18 @@ class LmsExecutor(Executor):
                     events_at[number] = event = self.device.event()
                     event.record(copy)
             if wait is not None:
-                waited = time.perf_counter()
+                waited = events.clock()
                 events_at.pop(wait).wait(compute)
-                stall += time.perf_counter() - waited
-            step = step_plan.step
-            if step.kind == "forward":
-                self.forward(step, train)
-            elif step.kind == "backward":
-                self.backward(step)
-            else:
-                self.update(step, solver)
+                now_ = events.clock()
+                stall += now_ - waited
+                if events.listening and self.device.kind == "cpu":
+                    events.emit("stall", step_plan.step.name, step=index, start=waited, end=now_)
+            self.run_step(index, step_plan.step, train, solver)
         self._after_compute(compute, copy)
         for action in plan.epilogue:
             self._apply(action, copy)
         self.device.synchronize()
+        self.end_iteration_trace(started, train)
         self.stall_seconds = stall if self.device.kind == "cpu" else float("nan")
         return {name: float(self.blobs[name].host_data()[0]) for name in plan.outputs}
 

@@ -39,12 +39,12 @@ class Device(ABC):
         """A host array for a blob's home copy (pinned on ``cuda``), contents undefined."""
 
     @abstractmethod
-    def h2d(self, dst, src: np.ndarray, stream=None) -> None:
-        """Copy host ``src`` into device view ``dst``."""
+    def h2d(self, dst, src: np.ndarray, stream=None, label: str = "") -> None:
+        """Copy host ``src`` into device view ``dst``. ``label`` names it in the trace."""
 
     @abstractmethod
-    def d2h(self, dst: np.ndarray, src, stream=None) -> None:
-        """Copy device view ``src`` into host ``dst``."""
+    def d2h(self, dst: np.ndarray, src, stream=None, label: str = "") -> None:
+        """Copy device view ``src`` into host ``dst``. ``label`` names it in the trace."""
 
     @abstractmethod
     def zero(self, dst, stream=None) -> None:

@@ -115,13 +115,16 @@ class CpuDevice(Device):
     def alloc_host(self, shape, dtype) -> np.ndarray:
         return np.empty(shape, dtype)
 
-    def h2d(self, dst: np.ndarray, src: np.ndarray, stream: CpuStream | None = None) -> None:
-        self._copy(dst, src, stream)
+    def h2d(self, dst: np.ndarray, src: np.ndarray, stream: CpuStream | None = None,
+            label: str = "") -> None:
+        self._copy(dst, src, stream, "h2d", label)
 
-    def d2h(self, dst: np.ndarray, src: np.ndarray, stream: CpuStream | None = None) -> None:
-        self._copy(dst, src, stream)
+    def d2h(self, dst: np.ndarray, src: np.ndarray, stream: CpuStream | None = None,
+            label: str = "") -> None:
+        self._copy(dst, src, stream, "d2h", label)
 
-    def _copy(self, dst: np.ndarray, src: np.ndarray, stream: CpuStream | None) -> None:
+    def _copy(self, dst: np.ndarray, src: np.ndarray, stream: CpuStream | None, direction: str,
+              label: str) -> None:
         if dst.shape != src.shape or dst.dtype != src.dtype:
             raise ValueError(f"copy between {src.shape} {src.dtype} and {dst.shape} {dst.dtype}")
         link = self.link
@@ -131,6 +134,9 @@ class CpuDevice(Device):
             np.copyto(dst, src, casting="no")
             if link is not None:
                 link.hold(started, dst.nbytes)
+            if events.listening:   # when the bytes really moved, reported from where they moved
+                events.emit("copy", label, dst.nbytes, direction=direction, start=started,
+                            end=events.clock(), stream="sync" if stream is None else stream.name)
         if stream is None:
             copy()
         else:

@@ -7,6 +7,7 @@ import numba
 import numpy as np
 from numba import cuda
 
+from .. import events
 from ..sizes import format_bytes
 from .base import Device
 from .cpu import host_memory_info
@@ -32,13 +33,24 @@ class CudaDevice(Device):
     def alloc_host(self, shape, dtype) -> np.ndarray:
         return cuda.pinned_array(shape, dtype=dtype)
 
-    def h2d(self, dst, src: np.ndarray, stream=None) -> None:
+    def h2d(self, dst, src: np.ndarray, stream=None, label: str = "") -> None:
         _check_same(dst, src)
+        self._report("h2d", label, src.nbytes, stream)
         dst.copy_to_device(src, stream=stream or 0)
 
-    def d2h(self, dst: np.ndarray, src, stream=None) -> None:
+    def d2h(self, dst: np.ndarray, src, stream=None, label: str = "") -> None:
         _check_same(src, dst)
+        self._report("d2h", label, dst.nbytes, stream)
         src.copy_to_host(dst, stream=stream or 0)
+
+    def _report(self, direction: str, label: str, nbytes: int, stream) -> None:
+        # Copies are asynchronous here: the trace gets when each was issued, not when it ran.
+        if events.listening:
+            now = events.clock()
+            where = "sync" if stream is None else "copy" if stream is self.copy_stream \
+                else "compute"
+            events.emit("copy", label, nbytes, direction=direction, start=now, end=now,
+                        stream=where, timing="issued")
 
     def zero(self, dst, stream=None) -> None:
         if self.simulated:
