@@ -64,8 +64,10 @@ class Step:
 
 
 def suggest(word: str, choices) -> str:
-    close = difflib.get_close_matches(word, [c for c in choices if c != word], n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    """``"; did you mean 'ReLU'?"`` for ``"Relu"``: the closest choice, ignoring case."""
+    by_lower = {str(c).lower(): c for c in choices if c != word}
+    close = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1)
+    return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
 
 
 def as_list(value) -> list:
@@ -77,8 +79,8 @@ def build_layer(spec: dict, where: str) -> Layer:
         raise ConfigError(where, "a layer with a name and a type", spec)
     kind, name = spec["type"], spec["name"]
     if kind not in LAYERS:
-        raise ConfigError(f"{where}.type", f"a layer type ({', '.join(sorted(LAYERS))})"
-                          + suggest(kind, LAYERS), kind)
+        raise ConfigError(f"{where}.type", f"a layer type ({', '.join(sorted(LAYERS))})", kind,
+                          hint=suggest(kind, LAYERS))
     options = {k: v for k, v in spec.items() if k not in RESERVED_KEYS}
     try:
         return LAYERS[kind](name, as_list(spec.get("bottom")), as_list(spec.get("top")), **options)

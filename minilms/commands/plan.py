@@ -134,7 +134,7 @@ def report(config, link=None, summary: bool = False) -> str:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    args = parser().parse_intermixed_args(argv)
     config = load(args.config, args.overrides)
     try:
         print(report(config, args.link, args.summary))

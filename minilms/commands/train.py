@@ -1,0 +1,112 @@
+"""``python -m minilms.train CONFIG.yaml [key.sub=value ...] [--lms KB] [--lms-frac F]
+[--resume RUN] [--print-config] [--dry-run]``
+
+Trains the config's model on its data, in its device's pool, with LMS as configured. ``--lms`` and
+``--lms-frac`` mean what they mean in IBM Caffe: ``--lms KB`` turns LMS on with blobs smaller than
+KB kilobytes kept resident (0 or less: LMS off), ``--lms-frac F`` lets LMS idle until that share of
+the pool is in use; either makes the policy manual. ``--resume RUN`` continues the run in directory
+RUN from its latest checkpoint. ``--print-config`` prints the resolved config; ``--dry-run`` prints
+the plan (as ``python -m minilms.plan``) and trains nothing.
+
+A run directory (``run_dir``, default ``runs/<name>-<timestamp>``) receives the resolved config,
+``metrics.jsonl`` and ``metrics.csv``, checkpoints, ``summary.json``, and with ``trace: true`` the
+memory trace and its picture. Nothing is written before the config, the data, the net and the plan
+have all been checked; every such mistake is one line on stderr and exit code 2.
+"""
+import argparse
+import time
+from pathlib import Path
+
+from ..errors import ConfigError
+from .common import load, run
+from .plan import report
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m minilms.train",
+                                description="Train a model with Large Model Support.")
+    p.add_argument("config", help="a YAML config (see configs/)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="settings that replace the file's, e.g. train.max_iters=20")
+    p.add_argument("--lms", type=float, metavar="KB",
+                   help="Caffe's -lms: LMS on, blobs under KB kilobytes stay resident (<= 0: off)")
+    p.add_argument("--lms-frac", type=float, metavar="F",
+                   help="Caffe's -lms_frac: LMS idles until this share of the pool is in use")
+    p.add_argument("--resume", metavar="RUN", help="continue the run in this directory")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, train nothing")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or messages")
+    return p
+
+
+def caffe_flags(args) -> list[str]:
+    """The overrides ``--lms`` and ``--lms-frac`` stand for."""
+    extra = []
+    if args.lms is not None:
+        if args.lms <= 0:
+            extra.append("lms.enabled=false")
+        else:
+            extra += ["lms.enabled=true", "lms.policy=manual",
+                      f"lms.min_swap_bytes={int(args.lms * 1024)}"]
+    if args.lms_frac is not None:
+        if not 0 <= args.lms_frac <= 1:
+            raise ConfigError("--lms-frac", "a fraction in [0, 1]", args.lms_frac)
+        extra += ["lms.enabled=true", "lms.policy=manual", f"lms.start_fraction={args.lms_frac}"]
+    return extra
+
+
+def run_directory(config, resume: str | None) -> Path:
+    if resume:
+        path = Path(resume)
+        if not path.is_dir():
+            raise ConfigError("--resume", "a run directory", resume)
+        return path
+    if config.run_dir:
+        return Path(config.run_dir)
+    return Path("runs") / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def main(argv=None) -> int:
+    args = parser().parse_intermixed_args(argv)
+    config = load(args.config, list(args.overrides) + caffe_flags(args))
+    try:
+        if args.print_config:
+            print(config.to_yaml(), end="")
+            return 0
+        if args.dry_run:
+            print(report(config))
+            return 0
+        return train(config, args)
+    except Exception as error:
+        error.config = config
+        raise
+
+
+def train(config, args) -> int:
+    from ..trainer import Trainer, record_trace
+    run_dir = run_directory(config, args.resume)
+    if not args.resume and run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError("run_dir", "a new or empty directory (use --resume to continue it)",
+                          str(run_dir))
+    trainer = Trainer(config, quiet=args.quiet)       # every check happens here
+    try:
+        if args.resume:
+            trainer.resume(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(config.to_yaml())
+        if not args.quiet:
+            print(f"run directory: {run_dir}")
+        with record_trace(config.trace) as tr:
+            trainer.run(run_dir)
+        if tr is not None:
+            tr.save(run_dir / "trace.json")
+            tr.plot(run_dir / "memory.png")
+            if not args.quiet:
+                print(f"memory trace: {run_dir / 'trace.json'}, picture: {run_dir / 'memory.png'}")
+    finally:
+        trainer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run(main))

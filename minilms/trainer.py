@@ -1,0 +1,247 @@
+"""The training loop behind ``python -m minilms.train``: data, the LMS executor, the solver and its
+schedule, evaluation, metrics, checkpoints and resume.
+
+``Trainer(config)`` does everything that can fail on bad input first (datasets opened, net built,
+device made, plan computed) and writes nothing; ``Trainer.run(run_dir)`` then trains, writing
+``metrics.jsonl`` and ``metrics.csv`` (one row per logged iteration and per evaluation), checkpoints
+(``minilms.checkpoint``) and, with ``trace: true``, the memory trace.
+
+Determinism: the initial weights come from ``seed``; the data order and augmentation from
+``(seed, epoch, batch)`` (``BatchLoader``); dropout from the executor's generator, whose state is
+checkpointed; the learning rate and Adam's step from the iteration. So a run resumed from any
+checkpoint ends with the weights the uninterrupted run ends with.
+"""
+import csv
+import json
+import math
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .checkpoint import apply_weights, load_checkpoint, load_weights, restore_rngs, save_checkpoint
+from .commands.common import build_net, lms_policy
+from .cost import CostModel, measure_cpu
+from .datasets import OPTIONS, BatchLoader, make_dataset, make_transform
+from .device import make_device, parse_link
+from .errors import ConfigError
+from .lms import LmsExecutor
+from .schedules import make_schedule
+from .sizes import format_bytes
+from .solver import SGD, Adam
+
+METRICS = ("split", "epoch", "iteration", "loss", "accuracy", "lr", "images_per_s",
+           "mib_moved", "stall_ms")
+MiB = 2**20
+
+
+def make_solver(section):
+    if section.type == "adam":
+        return Adam(section.lr, betas=tuple(section.betas), eps=section.eps,
+                    weight_decay=section.weight_decay)
+    return SGD(section.lr, momentum=section.momentum, nesterov=section.nesterov,
+               weight_decay=section.weight_decay)
+
+
+class Trainer:
+    def __init__(self, config, quiet: bool = False):
+        self.config, self.quiet = config, quiet
+        data = config.data
+        options = {k: data[k] for k in OPTIONS if k in data}
+        options["seed"] = config.seed
+        self.train_set = make_dataset(data.dataset, "train", **options)
+        self.val_set = make_dataset(data.dataset, "val", **options) if data.val_size else None
+        for split in (self.train_set, self.val_set):    # an unreadable format fails here, early
+            if split is not None and len(split):
+                split.get([0])
+        channels, height, width = self.train_set.shape
+        if (channels, height) != (data.channels, data.image_size) or height != width:
+            raise ConfigError("data.image_size", f"the data's shape ({channels} channels, "
+                              f"{height}x{width})", (data.channels, data.image_size))
+        wanted = config.model.options.num_classes or data.num_classes
+        if wanted and wanted != self.train_set.num_classes:
+            raise ConfigError("model.options.num_classes", f"the data's {self.train_set.num_classes}"
+                              " classes", wanted)
+        self.loader = BatchLoader(self.train_set, data.batch_size, shuffle=True, seed=config.seed,
+                                  transform=make_transform(data.augment, self.train_set, True),
+                                  prefetch=data.prefetch)
+        self.val_loader = None if self.val_set is None else BatchLoader(
+            self.val_set, data.batch_size, shuffle=False, seed=config.seed,
+            transform=make_transform(data.augment, self.train_set, False), prefetch=data.prefetch)
+        self.net = build_net(config)
+        link = parse_link(config.device.link)
+        self.device = make_device(config.device.kind, config.device.memory, config.device.link)
+        model = measure_cpu(link) if self.device.kind == "cpu" else \
+            CostModel.for_device("cuda")
+        self.solver = make_solver(config.solver)
+        self.executor = LmsExecutor(self.net, self.device, self.solver, lms_policy(config),
+                                    seed=config.seed, cost_model=model)
+        epochs, max_iters = config.train.epochs, config.train.max_iters
+        per_epoch = len(self.loader)
+        self.total_iters = min(epochs * per_epoch if epochs else math.inf, max_iters or math.inf)
+        self.epochs = epochs or math.ceil(self.total_iters / per_epoch)
+        self.schedule = make_schedule(dict(config.solver.schedule), config.solver.lr,
+                                      int(self.total_iters))
+        self.plan = self.executor.plan          # the training plan, for people (full batches)
+        self.epoch, self.start_batch = 0, 0
+        if config.init_weights:
+            self.load_weights(config.init_weights)
+
+    # -- state -----------------------------------------------------------------------------------
+    def parameters(self) -> dict:
+        return {n: b for n, b in self.executor.shared.items() if b.role == "param"}
+
+    def load_weights(self, path) -> None:
+        self.executor.flush()
+        apply_weights(self.parameters(), load_weights(path), source=str(path))
+
+    def resume(self, run_dir) -> None:
+        checkpoint = load_checkpoint(run_dir)
+        self.executor.flush()
+        state = {n: b for n, b in self.executor.shared.items() if b.role == "optimizer_state"}
+        apply_weights(self.parameters(), checkpoint.weights, source=str(checkpoint.path))
+        apply_weights(state, checkpoint.state, source=str(checkpoint.path))
+        meta = checkpoint.meta
+        restore_rngs({"dropout": self.executor.rng}, meta["rng"])
+        self.executor.iteration = meta["iteration"]
+        self.epoch, self.start_batch = meta["epoch"], meta["batch"]
+
+    def checkpoint(self, run_dir: Path, batch: int) -> None:
+        self.executor.sync_state()
+        shared = self.executor.shared
+        meta = {"iteration": self.executor.iteration, "epoch": self.epoch, "batch": batch,
+                "rng": {"dropout": self.executor.rng}, "config": self.config.to_yaml()}
+        save_checkpoint(run_dir, f"iter-{self.executor.iteration:07d}",
+                        {n: b.host_data() for n, b in shared.items() if b.role == "param"},
+                        {n: b.host_data() for n, b in shared.items()
+                         if b.role == "optimizer_state"}, meta)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self, run_dir: Path) -> dict:
+        run_dir = Path(run_dir)
+        log = Metrics(run_dir)
+        train = self.config.train
+        plan = self.plan
+        moved = (plan.bytes_moved("h2d") + plan.bytes_moved("d2h")) / MiB
+        self.say(self.describe())
+        started, last = time.perf_counter(), {}
+        while self.epoch < self.epochs and self.executor.iteration < self.total_iters:
+            self.loader.set_epoch(self.epoch)
+            bar = tqdm(total=len(self.loader), initial=self.start_batch, leave=False,
+                       desc=f"epoch {self.epoch + 1}/{self.epochs}", disable=self.quiet,
+                       mininterval=0.5, dynamic_ncols=True)
+            batch_number = self.start_batch
+            for batch_number, (images, labels) in enumerate(self.loader):
+                if batch_number < self.start_batch:
+                    continue               # resumed mid-epoch: these were trained already
+                if self.executor.iteration >= self.total_iters:
+                    break
+                iteration = self.executor.iteration
+                self.solver.lr = self.schedule(iteration)
+                tick = time.perf_counter()
+                out = self.executor.iterate({"data": images, "label": labels})
+                seconds = time.perf_counter() - tick
+                last = {"loss": out["loss"], "accuracy": out.get("accuracy", math.nan)}
+                bar.update(1)
+                bar.set_postfix(loss=f"{last['loss']:.3f}", acc=f"{last['accuracy']:.3f}",
+                                img_s=f"{len(labels) / seconds:.0f}", mib_it=f"{moved:.1f}",
+                                refresh=False)
+                if (iteration + 1) % train.log_every == 0 or iteration == 0:
+                    log.write(split="train", epoch=self.epoch, iteration=iteration + 1, **last,
+                              lr=self.solver.lr, images_per_s=len(labels) / seconds,
+                              mib_moved=moved, stall_ms=self.executor.stall_seconds * 1e3)
+            else:
+                batch_number = len(self.loader)
+            bar.close()
+            finished_epoch = batch_number >= len(self.loader)
+            if finished_epoch:
+                self.epoch, self.start_batch = self.epoch + 1, 0
+            else:
+                self.start_batch = batch_number
+            done = self.epoch >= self.epochs or self.executor.iteration >= self.total_iters
+            if self.val_loader is not None and (done or (train.eval_every and finished_epoch and
+                                                         self.epoch % train.eval_every == 0)):
+                last.update(self.evaluate(log))
+            if done or (train.checkpoint_every and finished_epoch and
+                        self.epoch % train.checkpoint_every == 0):
+                self.checkpoint(run_dir, self.start_batch)
+        seconds = time.perf_counter() - started
+        self.executor.sync_state()
+        summary = {"iterations": self.executor.iteration, "epochs": self.epoch,
+                   "seconds": round(seconds, 2), **{k: v for k, v in last.items()}}
+        self.say(self.finish(summary))
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+    def evaluate(self, log) -> dict:
+        total = {"loss": 0.0, "accuracy": 0.0}
+        count = 0
+        for images, labels in self.val_loader:
+            out = self.executor.iterate({"data": images, "label": labels}, train=False)
+            for key in total:
+                total[key] += out.get(key, math.nan) * len(labels)
+            count += len(labels)
+        result = {f"val_{k}": v / count for k, v in total.items()}
+        log.write(split="val", epoch=self.epoch, iteration=self.executor.iteration,
+                  loss=result["val_loss"], accuracy=result["val_accuracy"], lr=self.solver.lr)
+        self.say(f"epoch {self.epoch}: validation loss {result['val_loss']:.4f}, accuracy "
+                 f"{result['val_accuracy']:.4f}")
+        return result
+
+    # -- words for people ------------------------------------------------------------------------
+    def describe(self) -> str:
+        plan, policy = self.plan, self.plan.policy
+        return (f"training {self.config.name}: {len(self.net.layers)} layers, batch "
+                f"{self.config.data.batch_size}, {len(self.loader)} iterations per epoch, "
+                f"{int(self.total_iters)} in all, on {self.device.name}\n"
+                f"{policy.describe()}: peak {format_bytes(plan.peak)} of "
+                f"{format_bytes(plan.capacity)}, moves {format_bytes(plan.bytes_moved('h2d'))} "
+                f"H2D and {format_bytes(plan.bytes_moved('d2h'))} D2H per iteration"
+                + "".join(f"\nnote: {n}" for n in plan.notes))
+
+    def finish(self, summary: dict) -> str:
+        plan = self.plan
+        swaps = sum(1 for _, a in plan.actions() if a.kind == "swap_out")
+        loads = sum(1 for _, a in plan.actions() if a.kind == "swap_in")
+        drops = sum(1 for _, a in plan.actions() if a.kind == "drop")
+        text = (f"done: {summary['iterations']} iterations in {summary['seconds']:.1f} s")
+        if "val_accuracy" in summary:
+            text += f", validation accuracy {summary['val_accuracy']:.4f}"
+        return (text + f"\nLMS per iteration: {loads} swap-ins, {swaps} swap-outs, {drops} drops; "
+                f"{format_bytes(plan.bytes_moved('h2d'))} in, "
+                f"{format_bytes(plan.bytes_moved('d2h'))} out; pool peak "
+                f"{format_bytes(plan.peak)} of {format_bytes(plan.capacity)}")
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            tqdm.write(text)
+
+    def close(self) -> None:
+        self.device.close()
+
+
+class Metrics:
+    """``metrics.jsonl`` and ``metrics.csv`` in the run directory, appended to (resume)."""
+
+    def __init__(self, run_dir: Path):
+        self.jsonl, self.csv = run_dir / "metrics.jsonl", run_dir / "metrics.csv"
+        if not self.csv.exists():
+            with self.csv.open("w", newline="") as f:
+                csv.DictWriter(f, METRICS).writeheader()
+
+    def write(self, **row) -> None:
+        row = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}
+        with self.jsonl.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        with self.csv.open("a", newline="") as f:
+            csv.DictWriter(f, METRICS).writerow(row)
+
+
+def record_trace(enabled: bool):
+    """A trace recorder when ``trace: true`` (``minilms.trace``), else a no-op context."""
+    if not enabled:
+        from contextlib import nullcontext
+        return nullcontext(None)
+    from .trace import record
+    return record()
+
