@@ -42,3 +42,13 @@ def test_bench_kernels_prints_ratios_against_torch(capsys):
     assert len(rows) == 8 and all(float(row.split()[-1].split()[0]) > 0 for row in rows
                                   if "<" not in row)
     assert "cases meet their goal" in out
+
+
+def test_bench_lms_smoke(capsys):
+    assert run_script("bench_lms.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    for variation in ("Off", "Default", "Tuned", "Auto", "prefetch 2"):
+        assert variation in out
+    assert out.count("x ") >= 20            # a ratio against Off on every row
+    assert "goal: with prefetch, LMS on a model that fits" in out
+    assert "goal: under the cap with link pcie3" in out

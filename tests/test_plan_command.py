@@ -1,0 +1,59 @@
+"""``python -m minilms.plan``: the per-layer table and totals, for devices and inputs far larger
+than this machine (nothing is allocated), every config in configs/, and one-line errors."""
+import re
+from pathlib import Path
+
+import pytest
+
+from minilms.commands.common import run
+from minilms.commands.plan import main
+
+CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+
+
+def plan(capsys, *argv):
+    code = run(main, [str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_table_and_totals(capsys):
+    code, out, _ = plan(capsys, CONFIGS[0].parent / "quickstart.yaml")
+    assert code == 0
+    header = next(line for line in out.splitlines() if line.startswith("layer "))
+    for column in ("type", "output", "params", "working set", "in/iter", "out/iter", "pinned"):
+        assert column in header
+    rows = [line for line in out.splitlines() if line.startswith(("conv", "bn", "fc"))]
+    assert len(rows) == 7 and "32x16x32x32" in rows[0]
+    assert re.search(r"LMS off needs\s+30.\d+ MiB\s+\(does not fit in 12.00 MiB\)", out)
+    assert re.search(r"least pool for LMS\s+\d", out) and "predicted iteration" in out
+    assert "stall" in out and "with prefetch 0" in out
+
+
+def test_a_16_gib_device_and_a_2240_pixel_googlenet_plan_on_this_machine(capsys):
+    """The TF LMS document's GoogLeNet (2240x2240, batch 15) on a 16 GiB device: LMS off needs
+    over 100 GiB, LMS fits. Planning allocates nothing, so it works on a 24 GiB machine."""
+    code, out, err = plan(capsys, CONFIGS[0].parent / "googlenet.yaml", "--summary",
+                          "data.image_size=2240", "data.batch_size=15", "device.kind=cuda",
+                          "device.memory=16GiB", "lms.policy=manual")
+    assert code == 0, err
+    off = float(re.search(r"LMS off needs\s+([\d.]+) GiB", out).group(1))
+    least = float(re.search(r"least pool for LMS\s+([\d.]+) GiB", out).group(1))
+    assert off > 100 and least < 16
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_every_config_plans(capsys, config):
+    code, out, err = plan(capsys, config, "--summary", "data.batch_size=4", "device.memory=4GiB",
+                          "lms.policy=manual")
+    assert code == 0, err
+    assert "least pool for LMS" in out
+
+
+def test_errors_are_one_line(capsys, tmp_path):
+    code, _, err = plan(capsys, CONFIGS[0].parent / "quickstart.yaml", "device.memory=1MiB")
+    assert code == 2 and err.count("\n") == 1
+    assert re.search(r"out of device memory at step \d+ \(forward conv1\).*\(LMS needs at least "
+                     r"[\d.]+ MiB; LMS off [\d.]+ MiB\)", err)
+    code, _, err = plan(capsys, tmp_path / "missing.yaml")
+    assert code == 2 and "missing.yaml" in err and err.count("\n") == 1
