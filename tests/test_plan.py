@@ -126,7 +126,7 @@ def test_eviction_takes_the_furthest_next_use():
                 kept = [live.need_after(n, index) for n in step_plan.resident if n not in mine]
                 assert all(need <= gone for need in kept), (step_plan.step.name, action)
     assert reasons.get("furthest next use", 0) > 10
-    assert set(reasons) <= {"furthest next use", "contiguous space", "dead"}
+    assert set(reasons) <= {"furthest next use", "contiguous space", "relocation", "dead"}
     everything = [a.why for _, a in plan.actions() if a.frees]
     assert all(everything) and "end of iteration" in everything
 

@@ -62,16 +62,18 @@ def weights(run_dir):
     return checkpoint.weights, checkpoint.state, checkpoint.meta["iteration"]
 
 
-def test_quickstart_reaches_95_percent_in_under_3_minutes(tmp_path):
+def test_quickstart_reaches_95_percent(tmp_path):
     """The README's main command, as it is (but for where it writes and the trace, which has its
-    own tests): a small CNN on shapes in a pool of 12 MiB, where LMS off needs 30.5."""
+    own tests): a small CNN on shapes in a pool of 12 MiB, where LMS off needs 30.5. Its time (the
+    goal: under 3 minutes on two cores) is printed, never asserted: CI does not gate on clocks."""
     run_dir = tmp_path / "quickstart"
     started = time.perf_counter()
     assert run(main, [str(ROOT / "configs" / "quickstart.yaml"), "--quiet",
                       f"run_dir={run_dir}", "trace=false"]) == 0
     seconds = time.perf_counter() - started
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["val_accuracy"] >= 0.95 and seconds < 180, (summary, seconds)
+    print(f"quickstart: {seconds:.1f} s, validation accuracy {summary['val_accuracy']:.4f}")
+    assert summary["val_accuracy"] >= 0.95, (summary, seconds)
 
 
 def test_it_trains_and_writes_a_run_directory(tmp_path, capsys):
@@ -243,3 +245,25 @@ def test_the_command_runs_as_a_module(tmp_path):
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "solver.lr" in done.stderr and "Traceback" not in done.stderr
     os.environ.get("CI")  # noqa: B018  (the same in CI: no terminal, no colours)
+
+
+def test_init_weights_start_from_given_weights(tmp_path, capsys):
+    """``init_weights:`` a checkpoint's weights.npz: the trainer starts from exactly those; a file
+    whose names do not fit the model is one line, with a did-you-mean."""
+    from minilms.commands.common import load
+    from minilms.trainer import Trainer
+    first = tmp_path / "first"
+    assert train(tmp_path, f"run_dir={first}", "train.max_iters=3") == 0
+    saved = load_checkpoint(first).weights
+    npz = next(first.glob("iter-*/weights.npz"))
+    trainer = Trainer(load(write_config(tmp_path), [f"init_weights={npz}"]), quiet=True)
+    try:
+        for name, blob in trainer.parameters().items():
+            np.testing.assert_array_equal(blob.host_data(), saved[name], err_msg=name)
+    finally:
+        trainer.close()
+    renamed = tmp_path / "renamed.npz"
+    np.savez(renamed, **{name.replace("conv1", "conv_1"): v for name, v in saved.items()})
+    code = train(tmp_path, f"init_weights={renamed}", f"run_dir={tmp_path / 'second'}")
+    err = assert_one_line_exit_2(capsys, code)
+    assert "conv_1" in err and not (tmp_path / "second").exists()
