@@ -237,11 +237,12 @@ class Metrics:
             csv.DictWriter(f, METRICS).writerow(row)
 
 
-def record_trace(enabled: bool):
-    """A trace recorder when ``trace: true`` (``minilms.trace``), else a no-op context."""
+def record_trace(enabled: bool, trainer: Trainer):
+    """A trace recorder when ``trace: true`` (``minilms.trace``), else a no-op context. Given the
+    executor, it knows the plan and the pool from before it began."""
     if not enabled:
         from contextlib import nullcontext
         return nullcontext(None)
     from .trace import record
-    return record()
+    return record(executor=trainer.executor)
 

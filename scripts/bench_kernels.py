@@ -48,7 +48,7 @@ def conv_cases(torch, F, rng):
         params = {p.name: p.initial(rng) for p in layer.params()}
         dy = rng.standard_normal(top_shape).astype(np.float32)
         io = StepIO(bottom=[x], top=[np.empty(top_shape, np.float32)], params=params,
-                    work={b.name: np.empty(b.shape, b.dtype) for b in layer.workspace()},
+                    work={b.name: np.empty(b.shape, b.dtype_in(np.float32)) for b in layer.workspace()},
                     top_grad=[dy], bottom_grad=[np.empty_like(x)],
                     param_grad={k_: np.empty_like(v) for k_, v in params.items()})
         tx = torch.tensor(x, requires_grad=True)

@@ -29,6 +29,9 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 CUDA_SIMULATED = bool(numba.config.ENABLE_CUDASIM)
 
+# @pytest.mark.limit_device_memory("64 MiB"): fails a test whose traced device peak exceeds it.
+pytest_plugins = ["tests.trace_fixture"]
+
 settings.register_profile("default", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("default")

@@ -35,11 +35,11 @@ def test_bench_copy_bad_size_exits_2(capsys):
 
 def test_bench_kernels_prints_ratios_against_torch(capsys):
     pytest.importorskip("torch", reason="PyTorch not installed: it is bench_kernels' baseline")
-    assert run_script("bench_kernels.py", "--only", "gemm", "bn", "--repeat", "1") == 0
+    assert run_script("bench_kernels.py", "--only", "gemm", "bn", "conv", "--repeat", "1") == 0
     out = capsys.readouterr().out
     assert "ratio = torch time / minilms time" in out
-    rows = [line for line in out.splitlines() if line.startswith(("gemm ", "bn "))]
-    assert len(rows) == 8 and all(float(row.split()[-1].split()[0]) > 0 for row in rows
+    rows = [line for line in out.splitlines() if line.startswith(("gemm ", "bn ", "conv "))]
+    assert len(rows) == 20 and all(float(row.split()[-1].split()[0]) > 0 for row in rows
                                   if "<" not in row)
     assert "cases meet their goal" in out
 

@@ -96,10 +96,10 @@ def train(config, args) -> int:
         (run_dir / "config.yaml").write_text(config.to_yaml())
         if not args.quiet:
             print(f"run directory: {run_dir}")
-        with record_trace(config.trace) as tr:
+        with record_trace(config.trace, trainer) as tr:
             trainer.run(run_dir)
         if tr is not None:
-            tr.save(run_dir / "trace.json")
+            tr.save(run_dir / "trace.json", least_pool=True)
             tr.plot(run_dir / "memory.png")
             if not args.quiet:
                 print(f"memory trace: {run_dir / 'trace.json'}, picture: {run_dir / 'memory.png'}")
