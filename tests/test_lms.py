@@ -227,3 +227,18 @@ def test_cuda_lms_gives_the_weights_of_lms_off():
                                Policy(prefetch=1))
         assert any(a.copies for _, a in executor.plan.actions())
         assert_identical(train(executor, [inputs], iterations=2), expected)
+
+
+@pytest.mark.limit_device_memory("673 KiB")
+def test_default_lms_uses_the_least_pool_even_in_a_large_one():
+    """Caffe's default favours reuse over allocation: in a 64 MiB pool, ResNet-18/16 at batch 4
+    trains with the device never holding more than the least pool (673 KiB, which
+    ``least_pool`` reports for this net), as the trace of the whole test shows (the marker)."""
+    layers = zoo.resnet(18, num_classes=4, width=16)
+    inputs = batch(4, 3, 32, classes=4)
+    with make_device("cpu", 64 * MiB) as device:
+        executor = LmsExecutor(make_net(layers, inputs), device, SGD(0.01, momentum=0.9))
+        net = make_net(layers, inputs)
+        assert executor.plan.peak == least_pool(net, net.schedule(("momentum",)))
+        for _ in range(2):
+            executor.iterate(inputs)
