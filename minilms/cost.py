@@ -7,8 +7,9 @@ stream runs step ``i`` once step ``i - 1`` is done and step ``i``'s own loads ha
 time compute waits for copies is the *stall*; prefetching moves loads under earlier compute.
 
 Step times come from the layers' FLOPs and the bytes each step touches, at rates a ``CostModel``
-states (defaults per device kind; ``measure_cpu`` takes this machine's). Copies take
-``bytes / link``. The model ranks plans; the executor's trace measures them.
+states (defaults per device kind; ``measure_cpu`` takes this machine's), plus a fixed cost per
+step (dispatch and launches). Copies take ``bytes / link`` plus a fixed cost per copy (the hand-off
+to the copy thread or engine). The model ranks plans; the executor's trace measures them.
 
 ``auto`` is the Caffe tuning guideline computed instead of tried: over pinning thresholds
 (``min_swap_bytes``), keeping parameters and optimizer state resident or not, a soft limit of
@@ -37,6 +38,8 @@ class CostModel:
     memory_bytes_per_second: float
     copy_bytes_per_second: float
     name: str = ""
+    step_seconds_fixed: float = 0.0     # each step's own cost: dispatch, launches, bookkeeping
+    copy_seconds_fixed: float = 0.0     # each copy's: a hand-off to the copy thread or engine
 
     @classmethod
     def for_device(cls, kind: str, link=None) -> "CostModel":
@@ -46,7 +49,9 @@ class CostModel:
         if link is not None:
             copy = min(copy, link.bytes_per_second)
         what = f"{kind}, link {link.name}" if link is not None else kind
-        return cls(flops, memory, copy, what)
+        # Python dispatch per step (cpu), a few launches per step (cuda); measured orders.
+        fixed = (150e-6, 30e-6) if kind == "cpu" else (30e-6, 10e-6)
+        return cls(flops, memory, copy, what, *fixed)
 
     def with_link(self, link) -> "CostModel":
         copy = self.memory_bytes_per_second if link is None else \
@@ -58,15 +63,17 @@ class CostModel:
         layer = net.layer[step.layer]
         flops = {"forward": 1, "backward": 2, "update": 0}[step.kind] * layer.flops()
         touched = sum(net.blobs[name].nbytes for name in set(step.blobs))
-        return flops / self.flops_per_second + touched / self.memory_bytes_per_second
+        return (self.step_seconds_fixed + flops / self.flops_per_second
+                + touched / self.memory_bytes_per_second)
 
     def copy_seconds(self, nbytes: int) -> float:
-        return nbytes / self.copy_bytes_per_second
+        return self.copy_seconds_fixed + nbytes / self.copy_bytes_per_second
 
     def describe(self) -> str:
         return (f"{self.name}: {self.flops_per_second / 1e9:.0f} GFLOP/s, memory "
                 f"{self.memory_bytes_per_second / GB:.1f} GB/s, copies "
-                f"{self.copy_bytes_per_second / GB:.1f} GB/s")
+                f"{self.copy_bytes_per_second / GB:.1f} GB/s, {self.step_seconds_fixed * 1e6:.0f} "
+                f"us a step, {self.copy_seconds_fixed * 1e6:.0f} us a copy")
 
 
 def measure_cpu(link=None, repeat: int = 3) -> CostModel:
@@ -84,7 +91,9 @@ def measure_cpu(link=None, repeat: int = 3) -> CostModel:
         np.copyto(dst, src)
         best_copy = min(best_copy, time.perf_counter() - start)
     memory = 2 * src.nbytes / best_copy      # read and write
-    model = CostModel(2 * 512**3 / best_gemm, memory, src.nbytes / best_copy, "cpu (measured)")
+    typical = CostModel.for_device("cpu")
+    model = CostModel(2 * 512**3 / best_gemm, memory, src.nbytes / best_copy, "cpu (measured)",
+                      typical.step_seconds_fixed, typical.copy_seconds_fixed)
     return model.with_link(link) if link is not None else model
 
 

@@ -2,7 +2,7 @@
 prefetch, on a model that fits and under a memory cap, with and without a link model.
 
     python scripts/bench_lms.py [--model resnet18] [--width 4] [--image-size 32] [--batch 32]
-                                [--iters 6] [--cap 1.25] [--link pcie3] [--smoke]
+                                [--iters 6] [--cap 1.25] [--link pcie3] [--sweep] [--smoke]
 
 Everything runs on the ``cpu`` device, in this process, one after another. Off keeps every blob
 resident (it needs the pool the model needs); Default is LMS with the manual knobs at their
@@ -16,6 +16,12 @@ same link), the time compute waited for copies (stall), the stall the planner's 
 predicted, and MiB moved per iteration. The goals of the engine issue are checked at the end:
 with prefetch, LMS on a model that fits costs at most 5% over Off; under the cap with the link
 model, prefetch cuts the stall by at least half against prefetch 0.
+
+``--sweep`` adds two pictures (``docs/images/lms_capacity.png``, ``lms_link.png``): step time
+against the device's capacity (from the least pool to what LMS off needs), and against the link's
+bandwidth (2 GB/s to NVLink 2.0's 75 per direction), measured and as the cost model predicts.
+The LMS documents credit NVLink's 150 GB/s against PCIe 3.0's 32 (both directions) with a 2.7x
+speed-up; the link sweep shows what the model and the executor say for this model.
 """
 import argparse
 import statistics
@@ -85,6 +91,9 @@ def main(argv=None) -> int:
     p.add_argument("--link", default="pcie3")
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--smoke", action="store_true", help="tiny and quick: for the test suite")
+    p.add_argument("--sweep", action="store_true", help="also sweep capacity and link bandwidth")
+    p.add_argument("--images", default=str(Path(__file__).resolve().parent.parent / "docs" /
+                                           "images"))
     args = p.parse_args(argv)
     if args.smoke:
         args.model, args.width, args.batch, args.iters, args.warmup = "resnet18", 16, 4, 1, 1
@@ -126,6 +135,7 @@ def main(argv=None) -> int:
                   f"{stall * 1e3:>9.2f} {predicted * 1e3:>9.2f} {moved / MiB:>9.2f}  "
                   f"{plan.policy.describe()}{'; ' + plan.notes[0] if plan.notes else ''}")
     off = results[(None, "fits", "Off")][0]
+    off_link = results[(args.link, "fits", "Off")][0]
     best_fits = min(results[(None, "fits", f"{n}, prefetch {k}")][0] for n in ("Default", "Tuned"))
     stall0 = results[(args.link, "capped", "Default")][1]
     stall_k = results[(args.link, "capped", f"Default, prefetch {k}")][1]
@@ -135,7 +145,73 @@ def main(argv=None) -> int:
     print(f"goal: under the cap with link {args.link}, prefetch {k} cuts the stall by at least "
           f"half against prefetch 0: {stall0 * 1e3:.2f} ms -> {stall_k * 1e3:.2f} ms, cut "
           f"{cut:.0%} ({'met' if cut >= 0.5 else 'not met'})")
+    if args.sweep:
+        sweeps(args, layers, batch, net, steps, fits, off_link)
     return 0
+
+
+def sweeps(args, layers, batch, net, steps, fits, off):
+    """Step time against capacity (link fixed) and against link bandwidth (capacity fixed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    least = least_pool(net, steps)
+    k = args.prefetch
+    policies = (("Default", Policy()), (f"Default, prefetch {k}", Policy(prefetch=k)),
+                ("Auto", Policy(policy="auto")))
+    capacities = [int(least * f) for f in (1.0, 1.15, 1.3, 1.6, 2.0, 3.0)] + [fits]
+    print(f"\nstep time against capacity (link {args.link}); Off: {off * 1e3:.2f} ms")
+    by_capacity = {name: [] for name, _ in policies}
+    for capacity in capacities:
+        cells = []
+        for name, policy in policies:
+            seconds, stall, predicted, moved, plan = run(args, layers, batch, capacity, policy,
+                                                         args.link)
+            model = args.cost_model.with_link(parse_link(args.link))
+            by_capacity[name].append((seconds, simulate(plan, net, model).seconds))
+            cells.append(f"{name} {seconds * 1e3:7.2f} ms")
+        print(f"  {format_bytes(capacity):>11}: " + "  ".join(cells))
+    links = [2.0, 4.0, 8.0, 16.0, 32.0, 75.0]
+    capped = int(args.cap * least)
+    print(f"\nstep time against link bandwidth (pool {format_bytes(capped)})")
+    by_link = {name: [] for name, _ in policies[:2]}
+    for gbps in links:
+        cells = []
+        for name, policy in policies[:2]:
+            seconds, stall, predicted, moved, plan = run(args, layers, batch, capped, policy,
+                                                         gbps)
+            model = args.cost_model.with_link(parse_link(gbps))
+            by_link[name].append((seconds, simulate(plan, net, model).seconds))
+            cells.append(f"{name} {seconds * 1e3:7.2f} ms (predicted "
+                         f"{by_link[name][-1][1] * 1e3:.2f})")
+        print(f"  {gbps:>5g} GB/s: " + "  ".join(cells))
+    for name, series in by_link.items():
+        pcie, nvlink = series[links.index(16.0)][0], series[links.index(75.0)][0]
+        print(f"{name}: PCIe 3.0 -> NVLink 2.0 speeds a step up {pcie / nvlink:.2f}x measured, "
+              f"{series[links.index(16.0)][1] / series[links.index(75.0)][1]:.2f}x predicted")
+    images = Path(args.images)
+    images.mkdir(parents=True, exist_ok=True)
+    for name, xs, data, xlabel, scale, file in (
+            ("capacity", [c / MiB for c in capacities], by_capacity, "device pool (MiB)", "linear",
+             "lms_capacity.png"),
+            ("link", links, by_link, "link bandwidth per direction (GB/s, log scale)", "log",
+             "lms_link.png")):
+        fig, ax = plt.subplots(figsize=(7.5, 4.2))
+        for label, series in data.items():
+            line, = ax.plot(xs, [m * 1e3 for m, _ in series], "o-", label=f"{label} (measured)")
+            ax.plot(xs, [p * 1e3 for _, p in series], "--", color=line.get_color(),
+                    label=f"{label} (cost model)")
+        ax.axhline(off * 1e3, color="black", linewidth=1, label="Off (LMS off, fits)")
+        if name == "capacity":
+            ax.axvline(least / MiB, color="crimson", linestyle=":", label="least pool")
+        ax.set_xscale(scale)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("ms per training iteration")
+        ax.set_title(f"{args.model} 1/{args.width}, batch {args.batch}: step time against {name}")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(images / file, dpi=110)
+        print(f"picture: {images / file}")
 
 
 if __name__ == "__main__":

@@ -52,3 +52,11 @@ def test_bench_lms_smoke(capsys):
     assert out.count("x ") >= 20            # a ratio against Off on every row
     assert "goal: with prefetch, LMS on a model that fits" in out
     assert "goal: under the cap with link pcie3" in out
+
+
+def test_bench_capacity_smoke(capsys, tmp_path):
+    assert run_script("bench_capacity.py", "--smoke", "--png", str(tmp_path / "c.png")) == 0
+    out = capsys.readouterr().out
+    assert "LMS off needs" in out and "LMS least pool" in out and "GoogLeNet" in out
+    assert "Off      out of memory: out of device memory at step" in out   # scenario B, LMS off
+    assert out.count("Default  trains") == 2 and (tmp_path / "c.png").stat().st_size > 10_000
