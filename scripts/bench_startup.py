@@ -7,7 +7,9 @@ Each measurement is a whole process, ``python -m minilms.train CONFIG train.max_
 OVERRIDES --quiet run_dir=<temporary>``, timed from launch to exit: nothing in the library is
 instrumented. ``t(1)`` (max_iters=1) is the time to the first step: interpreter, imports, data,
 net, plan, compiling or loading the kernels, one iteration, the checkpoint, exit. ``t(2) - t(1)``
-is one more step, so what start-up costs beyond a step is plain to see.
+is one more step, so what start-up costs beyond a step is plain to see. A step of a small net
+takes tens of milliseconds, less than two processes' times differ by: ``--more N`` times
+``t(1 + N)`` instead and reports ``(t(1 + N) - t(1)) / N``.
 
 Cold: ``NUMBA_CACHE_DIR`` is a fresh empty directory, so every kernel compiles. Warm: the same
 directory again, after the cold run filled it. Kernels declared ``njit(cache=False)`` compile in
@@ -16,7 +18,7 @@ default: the validation pass at the end of a run comes after the first step, and
 be counted in it. ``import only`` times ``python -c "import minilms.commands.train,
 minilms.trainer"`` with the warm cache: what a process pays before it reads the config.
 
-With ``--repeat R`` the whole sequence (cold t(1), warm t(1), warm t(2), import) runs R times,
+With ``--repeat R`` the whole sequence (cold t(1), warm t(1), warm t(1+N), import) runs R times,
 each with its own fresh cache directory; the best of each column is reported (the machine may be
 shared; the best is the least disturbed). Goal: under 5 s warm. ``--smoke``: a tiny config (the
 quickstart with 64 training images, batch 8, no validation) written to a temporary directory,
@@ -59,10 +61,10 @@ def jit_caching(root: Path = ROOT) -> dict:
                 name = next((re.match(r"\s*def (\w+)", l).group(1) for l in lines[i + 1:]
                              if re.match(r"\s*def \w+", l)), "?")
             else:
-                assigned = re.match(r"\s*(?:self\.)?(\w+)\s*=", line)
+                assigned = re.match(r"\s*(?:self\.)?(\w+)\s*=\s*([\[{]?)", line)
                 name = assigned.group(1) if assigned else "?"
-            if line.lstrip().startswith(("_IM2COL", "_COL2IM")) or "for " in line:
-                name += " (one per variant)"
+                if assigned and assigned.group(2):    # a comprehension: several variants
+                    name += " (one per variant)"
             kind = ("inline" if 'inline="always"' in options else
                     "cached" if "cache=True" in options else "uncached")
             found[kind].append(f"{where}: {name}")
@@ -101,6 +103,13 @@ def tiny_config(scratch: Path) -> Path:
     return path
 
 
+def load() -> str:
+    try:
+        return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    except OSError:
+        return "load average unknown"
+
+
 def fmt(value) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -111,6 +120,8 @@ def main(argv=None) -> int:
     p.add_argument("--overrides", nargs="*", default=DEFAULT_OVERRIDES, metavar="KEY=VALUE",
                    help=f"config overrides (default: {' '.join(DEFAULT_OVERRIDES)})")
     p.add_argument("--repeat", type=int, default=2, help="whole sequences; best of each column")
+    p.add_argument("--more", type=int, default=1, metavar="N",
+                   help="one step = (t(1 + N) - t(1)) / N; default 1: t(2) - t(1)")
     p.add_argument("--smoke", action="store_true", help="tiny config, one cold and one warm run")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as scratch_name:
@@ -118,10 +129,13 @@ def main(argv=None) -> int:
         config = tiny_config(scratch) if args.smoke else Path(args.config).resolve()
         overrides = [] if args.smoke else list(args.overrides)
         repeat = 1 if args.smoke else max(1, args.repeat)
+        more = max(1, args.more)
         shown = config.name if args.smoke else os.path.relpath(config, ROOT)
-        print(f"time to the first step: python -m minilms.train {shown} train.max_iters=N "
-              f"{' '.join(overrides)} --quiet run_dir=<tmp>, whole process, wall seconds; "
-              f"best of {repeat}{' (smoke: tiny config)' if args.smoke else ''}")
+        iters = "1" if args.smoke else f"1 (and {1 + more})"
+        command = " ".join(["python -m minilms.train", shown, f"train.max_iters={iters}",
+                            *overrides, "--quiet run_dir=<tmp>"])
+        print(f"time to the first step: {command}, whole process, wall seconds; "
+              f"best of {repeat}{' (smoke: tiny config)' if args.smoke else ''}; {load()}")
         rows = []
         try:
             for attempt in range(repeat):
@@ -129,25 +143,32 @@ def main(argv=None) -> int:
                 cache = Path(tempfile.mkdtemp(prefix="numba-cache-", dir=scratch))
                 cold = train_time(config, overrides, 1, cache, scratch)
                 warm = train_time(config, overrides, 1, cache, scratch)
-                warm2 = None if args.smoke else train_time(config, overrides, 2, cache, scratch)
+                warm2 = None if args.smoke else train_time(config, overrides, 1 + more, cache,
+                                                           scratch)
                 imports = None if args.smoke else import_time(cache)
                 rows.append((cold, warm, warm2, imports))
         except RuntimeError as error:
             print(f"bench_startup: a training run failed: {error}", file=sys.stderr)
             return 1
-    print(f"\n{'run':<10} {'cold t(1) s':>12} {'warm t(1) s':>12} {'warm t(2) s':>12} "
+    later = f"warm t({1 + more}) s"
+    print(f"\n{'run':<10} {'cold t(1) s':>12} {'warm t(1) s':>12} {later:>12} "
           f"{'one step s':>11} {'import only s':>14}")
     for i, (cold, warm, warm2, imports) in enumerate(rows, 1):
-        step = None if warm2 is None else warm2 - warm
+        step = None if warm2 is None else (warm2 - warm) / more
         print(f"{i:<10} {fmt(cold):>12} {fmt(warm):>12} {fmt(warm2):>12} {fmt(step):>11} "
               f"{fmt(imports):>14}")
     best = [min((r[k] for r in rows if r[k] is not None), default=None) for k in range(4)]
-    step = None if best[2] is None else best[2] - best[1]
+    step = None if best[2] is None else (best[2] - best[1]) / more
     print(f"{'best':<10} {fmt(best[0]):>12} {fmt(best[1]):>12} {fmt(best[2]):>12} "
           f"{fmt(step):>11} {fmt(best[3]):>14}")
+    how = ("not measured in smoke" if step is None else
+           "t(2) - t(1), warm; a small net's step may be below the run-to-run noise: "
+           "--more 20 averages over 20" if more == 1 else
+           f"(t({1 + more}) - t(1)) / {more}, warm")
     print(f"\ntime to the first step: cold {best[0]:.2f} s, warm {best[1]:.2f} s; one step "
-          f"{fmt(step)} s (t(2) - t(1), warm); compiling with an empty cache costs "
+          f"{fmt(step)} s ({how}); compiling with an empty cache costs "
           f"{best[0] - best[1]:.2f} s")
+    print(f"after the runs: {load()}")
     jits = jit_caching()
     print(f"njit functions cached on disk (cache=True): {len(jits['cached'])}; compiled in every "
           f"process, warm or not, on first call (cache=False): {len(jits['uncached'])}:")

@@ -10,7 +10,7 @@ model is built from the same layer list (``nn.Conv2d``, ``nn.BatchNorm2d`` in tr
 ``nn.Linear``, ``nn.MaxPool2d``...; the residual adds as the layer list names them) and starts
 from minilms' initial parameters (PyTorch layouts are ours: conv ``[out, in, kh, kw]``, linear
 ``[out, in]``, BatchNorm weight, bias and running statistics). Both train with SGD, momentum 0.9,
-on one fixed random batch.
+on one fixed random batch (pixel-like values in [0, 1)).
 
 minilms runs as ``LmsExecutor(net, device, SGD, Policy(enabled=False))`` on a ``cpu`` device whose
 pool holds the whole net (LMS off); with LMS on (``policy: auto`` in a pool of ``--cap`` times the
@@ -23,8 +23,10 @@ turns run by run (so a change in the machine's load hits both); images/s is from
 each. Ratio = minilms images/s / PyTorch images/s (goal 1.0x: above 1 minilms is faster).
 
 Agreement: the loss of each of the first ``--steps`` iterations, both libraries from the same
-weights; the largest relative difference should be float32 rounding (about 1e-6 per step,
-growing with the steps). LMS on must give LMS off's losses bit for bit.
+weights; the largest relative difference should be float32 rounding. Training amplifies rounding
+(a BatchNorm net's more than LeNet's), so PyTorch also runs those steps in float64 from the same
+weights: that curve has no float32 rounding, and says which float32 curve drifted. LMS on must
+give LMS off's losses bit for bit.
 
 ``--profile``: minilms (LMS off) under cProfile for a few iterations per model, the top 15
 functions by total time. cProfile sees Python functions and builtins: time in a numpy ufunc such
@@ -34,6 +36,7 @@ installed, the script says so and exits 0: it is the baseline.
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import sys
 import time
@@ -67,8 +70,10 @@ def model_spec(name):
 
 
 def make_batch(batch, channels, size, seed=0):
+    """Pixel-like inputs in [0, 1) (standard normal ones make LeNet, which has no normalisation,
+    diverge at this learning rate within a few steps), labels in [0, 10)."""
     rng = np.random.default_rng(seed)
-    return {"data": rng.standard_normal((batch, channels, size, size)).astype(np.float32),
+    return {"data": rng.random((batch, channels, size, size), dtype=np.float32),
             "label": rng.integers(0, 10, batch).astype(np.int32)}
 
 
@@ -185,12 +190,13 @@ def minilms_contender(name, layers, batch, capacity, policy):
     return contender
 
 
-def torch_contender(torch, net, batch, params):
+def torch_contender(torch, net, batch, params, dtype=None):
     model, copy_params = torch_model(torch, net)
     copy_params(params)
-    model.train()
+    dtype = dtype or torch.float32
+    model.to(dtype).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    x = torch.from_numpy(batch["data"])
+    x = torch.from_numpy(batch["data"]).to(dtype)
     y = torch.from_numpy(batch["label"].astype(np.int64))
 
     def step():
@@ -203,6 +209,13 @@ def torch_contender(torch, net, batch, params):
     return Contender(f"PyTorch {torch.__version__}", step)
 
 
+def reference_losses(torch, net, batch, params, steps):
+    """PyTorch in float64 from the same float32 weights: the loss curve without float32
+    rounding, to tell which of two float32 curves drifts."""
+    reference = torch_contender(torch, net, batch, params, torch.float64)
+    return [reference.step() for _ in range(steps)]
+
+
 def bench_model(torch, args, name, batch_size):
     layers, channels, size = model_spec(name)
     batch = make_batch(batch_size, channels, size)
@@ -213,7 +226,9 @@ def bench_model(torch, args, name, batch_size):
     off = minilms_contender("minilms, LMS off", layers, batch, fits, Policy(enabled=False))
     contenders = [off]
     try:
-        theirs = torch_contender(torch, net, batch, initial_params(off.executor))
+        params = initial_params(off.executor)
+        theirs = torch_contender(torch, net, batch, params)
+        exact = reference_losses(torch, net, batch, params, args.steps)
         contenders.insert(0, theirs)
         if args.lms:
             contenders.append(minilms_contender(
@@ -231,7 +246,7 @@ def bench_model(torch, args, name, batch_size):
         for contender in contenders:
             contender.close()
     return {"name": name, "batch": batch_size, "contenders": contenders, "torch": theirs,
-            "off": off, "lms": contenders[2] if args.lms else None, "fits": fits,
+            "off": off, "lms": contenders[2] if args.lms else None, "exact": exact,
             "profile": profile}
 
 
@@ -247,6 +262,30 @@ def profiled(contender, args) -> str:
     start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls")), 0)
     total = next((line.strip() for line in lines if "function calls" in line), "")
     return "\n".join([total] + lines[start:])
+
+
+def environment() -> str:
+    """numpy's BLAS and the thread settings that govern it, and the load on the machine: a
+    shared, busy machine slows the libraries unequally (their thread pools wait differently)."""
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        blas = f"{blas['name']} {blas.get('version', '')}".strip()
+    except Exception:   # older numpy: no dicts
+        blas = "unknown"
+    settings = ", ".join(f"{k}={os.environ[k]}" if k in os.environ else f"{k} unset"
+                         for k in ("OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS"))
+    return f"numpy BLAS: {blas} ({settings}); {load()}"
+
+
+def load() -> str:
+    try:
+        return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    except OSError:
+        return "load average unknown"
+
+
+def rel_diff(a, b) -> float:
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-30)))
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -287,6 +326,7 @@ def main(argv=None) -> int:
           f"each; SGD lr {LR} momentum {MOMENTUM}; {args.steps} compared steps, {args.warmup} "
           f"warm-up, best of {args.runs} runs of {args.iters} iterations (the machine may be "
           f"shared: best-of is the least disturbed run)")
+    print(environment())
     results = []
     for name in args.models:
         batch = args.lenet_batch if name == "lenet" else args.resnet_batch
@@ -302,16 +342,21 @@ def main(argv=None) -> int:
             print(f"{r['name']:<9} {r['batch']:>5}  {c.name:<36} {r['batch'] / per_iter:>9.1f} "
                   f"{per_iter * 1e3:>9.2f} {base / c.best:>7.2f}x")
 
-    print(f"\nloss agreement, {args.steps} SGD steps from the same initial weights:")
-    print(f"{'model':<9} {'minilms last':>13} {'torch last':>13} {'max rel diff':>13}  LMS on = off")
+    print(f"\nloss agreement, {args.steps} SGD steps from the same initial weights: the last "
+          f"losses, and the largest relative difference over the {args.steps} steps; f64 is "
+          f"PyTorch in float64 (no float32 rounding)")
+    print(f"{'model':<9} {'minilms':>11} {'torch':>11} {'torch f64':>11} {'ours/torch':>11} "
+          f"{'ours/f64':>9} {'torch/f64':>9}  LMS on = off")
     for r in results:
-        ours, theirs = np.array(r["off"].losses), np.array(r["torch"].losses)
-        rel = float(np.max(np.abs(ours - theirs) / np.maximum(np.abs(theirs), 1e-30)))
+        ours, theirs, exact = (np.array(v) for v in (r["off"].losses, r["torch"].losses,
+                                                      r["exact"]))
         same = ("-" if r["lms"] is None else
                 "bit for bit" if r["lms"].losses == r["off"].losses else "DIFFERENT")
-        print(f"{r['name']:<9} {ours[-1]:>13.7f} {theirs[-1]:>13.7f} {rel:>13.2e}  {same}")
+        print(f"{r['name']:<9} {ours[-1]:>11.7f} {theirs[-1]:>11.7f} {exact[-1]:>11.7f} "
+              f"{rel_diff(ours, theirs):>11.2e} {rel_diff(ours, exact):>9.2e} "
+              f"{rel_diff(theirs, exact):>9.2e}  {same}")
 
-    print()
+    print(f"\nafter the runs: {load()}")
     for r in results:
         ratio = r["torch"].best / r["off"].best
         print(f"ratio minilms/torch images/s, {r['name']} batch {r['batch']} (LMS off): "

@@ -25,10 +25,11 @@ Deterministic: the same shapes take the same calls and the same summation order 
 first chunk writes ``dweight``/``dbias``, later chunks add in order). Arrays are numpy only.
 """
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .gemm import gemm
 from .im2col import PARALLEL_MIN, _source_cpu
+from .registry import cpu_variant
 
 __all__ = ["im2col_batch", "col2im_batch", "conv_forward", "conv_backward"]
 
@@ -97,11 +98,15 @@ def _col2im_kernel(side_by_side: bool):
 
 
 # [parallel][side_by_side]. Small chunks are done faster by one thread than the thread pool wakes
-# up (see im2col.PARALLEL_MIN): the same code compiled serial.
-_IM2COL = {par: {side: njit(parallel=par, cache=False, nogil=True)(_im2col_kernel(side))
-                 for side in (False, True)} for par in (False, True)}
-_COL2IM = {par: {side: njit(parallel=par, cache=False, nogil=True)(_col2im_kernel(side))
-                 for side in (False, True)} for par in (False, True)}
+# up (see im2col.PARALLEL_MIN): the same code compiled serial. Each variant is cached on disk.
+def _variants(make):
+    return {par: {side: cpu_variant(make(side), f"{'par' if par else 'serial'}_"
+                                    f"{'side' if side else 'stacked'}", par)
+                  for side in (False, True)} for par in (False, True)}
+
+
+_IM2COL = _variants(_im2col_kernel)
+_COL2IM = _variants(_col2im_kernel)
 
 
 def _layout(x, col, kernel_size, stride, padding, dilation):

@@ -27,7 +27,7 @@ CPU: Numba ``njit(parallel=True)``. CUDA: float32 and float64 kernels; arrays mu
 import numpy as np
 from numba import cuda, njit, prange
 
-from .registry import cuda_kernel, grid_1d, on_cpu, shared
+from .registry import cpu_variant, cuda_kernel, grid_1d, on_cpu, shared
 
 __all__ = ["im2col", "col2im", "conv_out_size", "col_shape", "out_shape"]
 
@@ -100,7 +100,7 @@ _source_cuda = source_index.cuda
 
 # --- CPU ------------------------------------------------------------------------------------------
 
-@njit(parallel=True, cache=False, nogil=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _im2col_cpu(img, col, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w, r0, r1):
     height, width = img.shape[1], img.shape[2]
     # One col row per task: its writes are contiguous and no two tasks share one.
@@ -128,7 +128,7 @@ def _inside(out_size, size, k, stride, pad, dilation):
     return low, max(low, high)
 
 
-@njit(parallel=True, cache=False, nogil=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _col2im_cpu(col, img, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w, r0, r1):
     height, width = img.shape[1], img.shape[2]
     # One channel per task: overlapping patches add into the same pixels, but only within a channel.
@@ -156,8 +156,8 @@ _SIG_COL2IM = "void({0}[:, ::1], {0}[:, :, ::1], " + ", ".join(["int64"] * 14) +
 # Waking the thread pool costs ~100 us; a small column (LeNet's: 25 x 576 per sample) is copied
 # faster by one thread than that. The same code, compiled serial (prange runs as range).
 PARALLEL_MIN = 1 << 17
-_im2col_cpu_serial = njit(parallel=False, cache=False, nogil=True)(_im2col_cpu.py_func)
-_col2im_cpu_serial = njit(parallel=False, cache=False, nogil=True)(_col2im_cpu.py_func)
+_im2col_cpu_serial = cpu_variant(_im2col_cpu.py_func, "serial", parallel=False)
+_col2im_cpu_serial = cpu_variant(_col2im_cpu.py_func, "serial", parallel=False)
 
 
 @cuda_kernel(_SIG_IM2COL.format("float32"), _SIG_IM2COL.format("float64"))
