@@ -22,7 +22,10 @@ setup(
     ],
     extras_require={
         "cuda": CUDA,
-        "test": ["pytest>=7", "hypothesis>=6.80"] + CUDA,
+        # nbformat, nbclient, ipykernel: tests/test_notebooks.py runs the teaching notebooks
+        # headless in a python3 kernel.
+        "test": ["pytest>=7", "hypothesis>=6.80", "nbformat>=5.7", "nbclient>=0.7",
+                 "ipykernel>=6"] + CUDA,
         # The independent reference for tests (compared where installed) and the benchmarks'
         # baseline. Not in "test": unpinned, it brings gigabytes of CUDA packages to a CPU machine.
         "torch": ["torch>=2.1"],
