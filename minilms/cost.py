@@ -46,11 +46,11 @@ class CostModel:
         """Typical rates: the ``cpu`` device of a small machine, or a data-centre GPU; the copy
         rate is the link's where one is modelled (and never above memory's)."""
         flops, memory, copy = (40e9, 8 * GB, 6 * GB) if kind == "cpu" else (15e12, 1500 * GB, 25 * GB)
-        if link is not None:
-            copy = min(copy, link.bytes_per_second)
+        if link is not None:   # a GPU copies at the link's rate; the cpu device no faster than memory
+            copy = link.bytes_per_second if kind == "cuda" else min(copy, link.bytes_per_second)
         what = f"{kind}, link {link.name}" if link is not None else kind
         # Python dispatch per step (cpu), a few launches per step (cuda); measured orders.
-        fixed = (150e-6, 30e-6) if kind == "cpu" else (30e-6, 10e-6)
+        fixed = (100e-6, 30e-6) if kind == "cpu" else (30e-6, 10e-6)
         return cls(flops, memory, copy, what, *fixed)
 
     def with_link(self, link) -> "CostModel":

@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from minilms import zoo  # noqa: E402
-from minilms.cost import CostModel, simulate  # noqa: E402
+from minilms.cost import measure_cpu, simulate  # noqa: E402
 from minilms.device import CpuDevice, parse_link  # noqa: E402
 from minilms.lms import LmsExecutor  # noqa: E402
 from minilms.net import Net  # noqa: E402
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.smoke:
         args.model, args.width, args.batch, args.iters, args.warmup = "resnet18", 16, 4, 1, 1
-    args.cost_model = CostModel.for_device("cpu")   # the planner's defaults: what auto sees
+    args.cost_model = measure_cpu()     # this machine's rates, as the trainer plans with
     layers, batch = model(args), inputs(args)
     net = Net(layers, {k: (v.shape, v.dtype) for k, v in batch.items()})
     steps = net.schedule(("momentum",))
