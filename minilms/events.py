@@ -47,7 +47,6 @@ listening = False
 def subscribe(listener: Callable[[Event], None], kinds=None) -> None:
     """Call ``listener`` with every event, or only those whose kind is in ``kinds``: an event no
     listener wants is never built (the trace skips ``state``, a third of them)."""
-    global listening
     _listeners.append((listener, None if kinds is None else frozenset(kinds)))
     _update()
 

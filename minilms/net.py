@@ -19,7 +19,6 @@ Each ``Step`` lists the blobs it reads, writes (every element, old contents not 
 (reads then writes) and uses as workspace. Those lists are the whole truth the planner works from.
 """
 import difflib
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np

@@ -35,17 +35,15 @@ The knobs (``Policy``) and where they come from are in DESIGN.md. The soft limit
 the planner evicts after every step (0, the default, is Caffe's default: keep only what the next
 step needs). ``policy: auto`` is computed in ``minilms.cost``.
 """
-import bisect
 from dataclasses import dataclass, field, replace
 
 from .errors import ConfigError, OutOfDeviceMemory, PlanError
-from .net import BlobInfo, Net, Step
+from .liveness import INFINITY, Liveness
+from .net import Net, Step
 from .pool import Pool, align_up
 from .sizes import format_bytes
 
-PERSISTENT_ROLES = ("param", "optimizer_state")
 _COPIES = {"swap_in": "h2d", "swap_out": "d2h", "sync": "d2h"}
-INFINITY = float("inf")
 
 
 @dataclass(frozen=True)
@@ -152,51 +150,6 @@ class Plan:
     @property
     def pinned_bytes(self) -> int:
         return sum(align_up(self.blobs[name].nbytes) for name in self.pinned)
-
-
-# -- liveness -----------------------------------------------------------------------------------
-class Liveness:
-    """Every blob's uses across the schedule, and its next need after any step."""
-
-    def __init__(self, net: Net, steps: list[Step]):
-        self.steps, self.n = steps, len(steps)
-        self.uses: dict[str, list[int]] = {}
-        self.kinds: dict[str, list[str]] = {}
-        for step in steps:
-            for kind, names in (("read", step.reads), ("update", step.updates),
-                                ("write", step.writes), ("work", step.workspace)):
-                for name in names:
-                    self.uses.setdefault(name, []).append(step.index)
-                    self.kinds.setdefault(name, []).append(kind)
-        for name in self.uses:  # a blob listed twice in one step: keep its first (strongest) use
-            pairs = sorted(dict(reversed(list(zip(self.uses[name], self.kinds[name])))).items())
-            self.uses[name], self.kinds[name] = [p[0] for p in pairs], [p[1] for p in pairs]
-        self.blobs = {name: net.blobs[name] for name in self.uses}
-        self.persistent = {n for n, info in self.blobs.items() if info.role in PERSISTENT_ROLES}
-        losses = [l for l in net.layers if l.is_loss]
-        self.outputs = [l.top[0] for l in net.layers if (l.is_loss or l.type == "Accuracy")
-                        and l.top[0] in self.uses]
-        seeds = [f"{l.top[0]}.grad" for l in losses if f"{l.top[0]}.grad" in self.uses]
-        self.host_inputs = [n for n in net.inputs if n in self.uses] + seeds
-
-    def kind_at(self, name: str, index: int) -> str:
-        i = bisect.bisect_left(self.uses[name], index)
-        return self.kinds[name][i]
-
-    def need_after(self, name: str, index: int) -> float:
-        """The step after ``index`` that next needs ``name``'s data: ``n`` for the host reading an
-        output, ``n + first use`` for state read again next iteration; INFINITY if none (dead)."""
-        uses = self.uses[name]
-        i = bisect.bisect_right(uses, index)
-        if i < len(uses):
-            return uses[i] if self.kinds[name][i] in ("read", "update") else INFINITY
-        if name in self.persistent:
-            return self.n + uses[0]
-        return self.n if name in self.outputs else INFINITY
-
-    def loads(self, index: int) -> list[str]:
-        step = self.steps[index]
-        return list(dict.fromkeys(step.reads + step.updates))
 
 
 # -- planning -----------------------------------------------------------------------------------
@@ -528,68 +481,6 @@ def least_pool(net: Net, steps: list[Step], policy: Policy = Policy()) -> int:
         else:
             low = middle + 1
     return high * unit
-
-
-def check_plan(plan: Plan) -> None:
-    """Replay ``plan``'s actions on a fresh pool and a model of where each blob's data is valid,
-    independently of how the planner decided them, and assert what every plan must satisfy:
-    placements never overlap and the pool stays consistent; every step's working set is resident,
-    and what it reads is valid on the device; a load (H2D) brings valid host data into a slot whose
-    device copy is not already valid; a swap-out copies a dirty blob; no data that is read later is
-    ever lost; the iteration ends as it began (only pinned blobs placed, state on the host or
-    pinned, outputs on the host)."""
-    pool = Pool(plan.capacity, report=False)
-    slots: dict = {}
-    host = set(plan.persistent) | set(plan.host_inputs)
-    device: set = set()
-    dirty: set = set()
-
-    def apply(action: Action, where: str) -> None:
-        name = action.blob
-        if action.places and name not in slots:
-            slots[name] = pool.allocate(action.size, name, at=action.offset)
-        assert name in slots, f"{where}: {action.kind} of {name}, which is not placed"
-        if action.kind == "swap_in":
-            assert name in host, f"{where}: loads {name}, whose host copy is not valid"
-            assert name not in device, f"{where}: loads {name}, already valid on the device"
-            device.add(name)
-        elif action.copies == "d2h":
-            assert name in dirty, f"{where}: copies {name} home, which is not dirty"
-            host.add(name)
-            dirty.discard(name)
-        if action.frees:
-            pool.free(slots.pop(name))
-            device.discard(name)
-            if name in dirty:          # dropped dirty: the newest data is gone
-                dirty.discard(name)
-                host.discard(name)
-
-    for action in plan.prologue:
-        apply(action, "prologue")
-    for index, step_plan in enumerate(plan.steps):
-        step = step_plan.step
-        for action in step_plan.actions:
-            apply(action, f"step {index} ({step.name})")
-        missing = set(step.blobs) - set(slots)
-        assert not missing, f"step {index} ({step.name}) runs without {sorted(missing)} resident"
-        stale = set(step.reads + step.updates) - device
-        assert not stale, f"step {index} ({step.name}) reads {sorted(stale)}, not valid on device"
-        for name in step.writes + step.updates + step.workspace:
-            device.add(name)
-            dirty.add(name)
-            host.discard(name)
-        pool.check()
-    for action in plan.epilogue:
-        apply(action, "epilogue")
-    assert set(slots) == set(plan.pinned), "the iteration does not end as it began"
-    for name in plan.persistent:
-        assert name in host or name in plan.pinned, f"{name} lost at the end of the iteration"
-    for name in plan.outputs:
-        assert name in host, f"output {name} is not on the host after the iteration"
-
-
-def format_blob(info: BlobInfo) -> str:
-    return f"{info.name} {list(info.shape)} {format_bytes(info.nbytes)}"
 
 
 if __name__ == "__main__":   # python -m minilms.plan CONFIG.yaml: the command, in minilms.commands

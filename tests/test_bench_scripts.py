@@ -3,22 +3,10 @@ promise (tables, ratios, goal lines). Their numbers are never asserted (no absol
 import re
 import runpy
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-
-
-def run_script(name, *args):
-    argv = sys.argv
-    sys.argv = [name, *args]
-    try:
-        with pytest.raises(SystemExit) as finished:
-            runpy.run_path(str(SCRIPTS / name), run_name="__main__")
-    finally:
-        sys.argv = argv
-    return finished.value.code
+from .test_scripts import SCRIPTS, run_script
 
 
 def test_bench_vs_torch_smoke(capsys):

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from minilms import zoo
 from minilms.errors import ConfigError, PlanError
 from minilms.net import Net
-from minilms.plan import (Liveness, Policy, check_plan, least_pool, make_plan, resident_bytes,
+from minilms.plan_check import check_plan
+from minilms.plan import (Liveness, Policy, least_pool, make_plan, resident_bytes,
                           working_set_bytes)
 from minilms.pool import ALIGNMENT
 

@@ -27,7 +27,6 @@ float dtype (``BufferSpec(dtype=None)``), which is the data's. The kernels are i
 """
 import numbers
 
-import numpy as np
 from numba import cuda, njit, prange
 
 from ..kernels.batchnorm import (batchnorm_backward, batchnorm_forward_inference,
