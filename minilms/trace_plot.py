@@ -12,7 +12,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .sizes import format_bytes
-from .trace import ROLE_ORDER, PoolReplay, TraceError
+from .trace import TraceError
+from .trace_fold import ROLE_ORDER, PoolReplay
 
 ROLE_COLORS = {"param": "#1f77b4", "param_grad": "#9ecae1", "activation": "#ff7f0e",
                "activation_grad": "#fdae6b", "optimizer_state": "#9467bd",

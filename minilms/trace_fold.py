@@ -1,0 +1,194 @@
+"""The trace's one pass over events: the pool replayed from its allocations and frees, by role,
+and the totals a ``Trace`` reports (peak and where, bytes by direction, stalls, per-layer counts),
+kept as a fold that resumes where it stopped, so reading a trace twice costs one pass.
+``minilms.trace`` records the events and reads the results; this module only folds them.
+"""
+from dataclasses import dataclass, field
+
+from .blob import ROLES
+
+ROLE_ORDER = ROLES + ("other",)
+BEFORE = "(before the trace)"
+KEEP_FIRST = 2         # iterations kept in full at the start: the prologue and a steady one
+
+
+@dataclass
+class PlanInfo:
+    """What the trace keeps of a ``Plan`` (plain data, saved as JSON). ``owners`` maps a blob to
+    the layer whose step touches it first, as ``python -m minilms.plan`` attributes it."""
+    policy: str
+    capacity: int
+    train: bool
+    roles: dict
+    sizes: dict
+    pinned: list
+    steps: list
+    owners: dict
+    predicted: dict            # per iteration: "h2d", "d2h" bytes, "peak"
+    least_pool: int | None = None
+    live: tuple | None = field(default=None, repr=False)   # (net, steps): to compute least_pool
+
+    @classmethod
+    def of(cls, plan, net, train: bool) -> "PlanInfo":
+        owners = {}
+        for step_plan in plan.steps:
+            for name in step_plan.step.blobs:
+                owners.setdefault(name, step_plan.step.layer)
+        return cls(plan.policy.describe(), plan.capacity, bool(train),
+                   {n: b.role for n, b in plan.blobs.items()},
+                   {n: int(b.nbytes) for n, b in plan.blobs.items()}, list(plan.pinned),
+                   [sp.step.name for sp in plan.steps], owners,
+                   {"h2d": plan.bytes_moved("h2d"), "d2h": plan.bytes_moved("d2h"),
+                    "peak": plan.peak}, None, (net, [sp.step for sp in plan.steps]))
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "live"}
+
+
+class PoolReplay:
+    """The pool as its alloc/free events rebuild it: live slots by offset, bytes by role. The
+    bytes in use before the first event are inferred from that event's ``in_use``."""
+
+    def __init__(self, roles: dict, live=None):
+        self.roles = roles
+        self.live: dict = {}                      # offset -> [owner, nbytes, role]
+        self.by_role = dict.fromkeys(ROLE_ORDER, 0)
+        self.in_use = 0
+        self.started = live is not None
+        for offset, owner, nbytes, role in live or ():
+            self._add(offset, owner, nbytes, role)
+
+    def _add(self, offset, owner, nbytes, role):
+        self.live[offset] = [owner, nbytes, role]
+        self.by_role[role] += nbytes
+        self.in_use += nbytes
+
+    def begin(self, event) -> None:
+        """Infer what was in use before ``event``, the first alloc or free seen."""
+        self.started = True
+        before = event.detail["in_use"] + (event.nbytes if event.kind == "free" else -event.nbytes)
+        if before > 0:
+            self._add(-1, BEFORE, before, "other")
+
+    def apply(self, event) -> None:
+        detail = event.detail
+        if event.kind == "alloc":
+            self._add(detail["offset"], event.who, event.nbytes,
+                      self.roles.get(event.who, "other"))
+            return
+        entry = self.live.pop(detail["offset"], None)
+        if entry is None:                       # placed before the trace began
+            entry = self.live.get(-1)
+            if entry is None:                   # never seen at all: another pool's
+                return
+            entry[1] -= event.nbytes
+            if entry[1] <= 0:
+                del self.live[-1]
+        self.by_role[entry[2]] -= event.nbytes
+        self.in_use -= event.nbytes
+
+    def snapshot(self) -> list:
+        return [[offset, *entry] for offset, entry in self.live.items()]
+
+
+class _Fold:
+    """Every total of a trace, built by one pass over its events; resumable, and plain data."""
+
+    def __init__(self, roles: dict, live=None):
+        self.pool = PoolReplay(roles, live)
+        self.peak, self.peak_time, self.peak_step = self.pool.in_use, None, None
+        self.at_peak = dict(self.pool.by_role)
+        self.peak_owners = self._biggest()
+        self.role_peak = dict(self.pool.by_role)
+        self.issued = {"h2d": {}, "d2h": {}}     # owner -> [bytes, copies]
+        self.dropped: dict = {}                  # owner -> bytes
+        self.ran = {"h2d": [0, 0, 0.0], "d2h": [0, 0, 0.0]}   # bytes, copies, seconds
+        self.stall = [0.0, 0, 0.0, None]         # seconds, waits, longest, its step
+        self.kernels, self.compute_seconds = 0, 0.0
+        self.iterations: dict = {}               # kind -> count
+        self.first_time = self.last_time = None
+        self.owner_layer: dict = {}              # owner -> layer of the first step it served
+        self.waiting: list = []                  # (time, owner) placed, no step seen after yet
+        self.marks: list = []                    # (raw index, live snapshot) of iteration ends
+        self.head_end: int | None = None         # raw index after the first KEEP_FIRST iterations
+
+    def _biggest(self, n: int = 8) -> list:
+        owners = sorted(self.pool.live.values(), key=lambda e: -e[1])
+        return [list(e) for e in owners[:n]]
+
+    def consume(self, batch, start: int) -> None:
+        pool = self.pool
+        for index, event in enumerate(batch, start):
+            kind = event.kind
+            if self.first_time is None:
+                self.first_time = event.time
+            self.last_time = event.time
+            if kind == "alloc" or kind == "free":
+                if not pool.started:
+                    pool.begin(event)
+                    self._new_peak(event.time)
+                    self.role_peak = {r: max(b, self.role_peak[r])
+                                      for r, b in pool.by_role.items()}
+                pool.apply(event)
+                if kind == "alloc":
+                    role = pool.live[event.detail["offset"]][2]
+                    if pool.by_role[role] > self.role_peak[role]:
+                        self.role_peak[role] = pool.by_role[role]
+                    if event.who not in self.owner_layer:
+                        self.waiting.append((event.time, event.who))
+                    self._new_peak(event.time)
+            elif kind == "h2d" or kind == "d2h":
+                entry = self.issued[kind].setdefault(event.who, [0, 0])
+                entry[0] += event.nbytes
+                entry[1] += 1
+            elif kind == "drop":
+                self.dropped[event.who] = self.dropped.get(event.who, 0) + event.nbytes
+            elif kind == "copy":
+                entry, d = self.ran[event.detail["direction"]], event.detail
+                entry[0] += event.nbytes
+                entry[1] += 1
+                entry[2] += d["end"] - d["start"]
+            elif kind == "kernel":
+                self._kernel(event)
+            elif kind == "stall":
+                seconds = event.detail["end"] - event.detail["start"]
+                self.stall[0] += seconds
+                self.stall[1] += 1
+                if seconds > self.stall[2]:
+                    self.stall[2:] = [seconds, event.who]
+            elif kind == "iteration":
+                self.iterations[event.who] = self.iterations.get(event.who, 0) + 1
+                self.marks = self.marks[-1:] + [(index, pool.snapshot())]
+                if self.head_end is None and sum(self.iterations.values()) >= KEEP_FIRST:
+                    self.head_end = index + 1
+
+    def _new_peak(self, now: float) -> None:
+        if self.pool.in_use > self.peak:
+            self.peak, self.peak_time, self.peak_step = self.pool.in_use, now, None
+            self.at_peak, self.peak_owners = dict(self.pool.by_role), self._biggest()
+
+    def _kernel(self, event) -> None:
+        """The first step that ends after a placement is the step the placement served (it was
+        staged before the step ran, or made lazily while it ran)."""
+        d = event.detail
+        self.kernels += 1
+        self.compute_seconds += d["end"] - d["start"]
+        if self.peak_step is None and self.peak_time is not None and d["end"] >= self.peak_time:
+            self.peak_step = [d["step"], event.who]
+        while self.waiting and self.waiting[0][0] <= d["end"]:
+            self.owner_layer.setdefault(self.waiting.pop(0)[1], d["layer"])
+
+    def to_json(self) -> dict:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("pool", "marks")}
+        state["live"] = self.pool.snapshot()
+        return state
+
+    @classmethod
+    def from_json(cls, state: dict, roles: dict) -> "_Fold":
+        fold = cls(roles, state.pop("live"))
+        missing = set(fold.to_json()) - {"live"} - set(state)
+        if missing:
+            raise KeyError(f"totals lack {', '.join(sorted(missing))}")
+        fold.__dict__.update(state)
+        fold.waiting = [tuple(w) for w in fold.waiting]
+        return fold
