@@ -7,9 +7,8 @@ import numpy as np
 from .. import zoo
 from ..config import config_error_line, load_config
 from ..cost import CostModel
-from ..device import parse_link, resolve_kind
+from ..device import AUTO_FRACTION, parse_link, resolve_kind
 from ..device.cpu import host_memory_info
-from ..device import AUTO_FRACTION
 from ..errors import ConfigError, MinilmsError
 from ..net import Net
 from ..plan import Policy
