@@ -1,6 +1,7 @@
 """Throughput of the ``cpu`` device's kernels against PyTorch on the CPU, same shapes, same run.
 
-    python scripts/bench_kernels.py [--repeat 5] [--threads N] [--only conv gemm pool bn]
+    python scripts/bench_kernels.py [--repeat 5] [--threads N] [--settle 0.3]
+                                    [--only conv gemm pool bn]
 
 Each case is timed as the best of ``--repeat`` runs after a warm-up (which also compiles), with
 both libraries on the same number of threads. Ratio = PyTorch time / minilms time: above 1 minilms
@@ -9,6 +10,7 @@ minilms layers run on plain arrays here (what the ``cpu`` device hands them), so
 timed: that is the LMS benchmarks' business.
 """
 import argparse
+import os
 import sys
 import time
 
@@ -18,6 +20,11 @@ from tqdm import tqdm
 import minilms  # noqa: F401  (first: it sets the OpenMP wait policy before any thread pool starts)
 
 GOAL_ALL, GOAL_CONV = 0.5, 1.0
+# OpenBLAS's worker threads spin for about 2**28 cycles (~0.1 s) after a BLAS call before they
+# sleep. On two cores a spinning worker takes half the machine from whatever runs next, so each
+# library is timed only after the other's threads have gone quiet (measured: PyTorch's conv ran
+# 2-3x slower right after a numpy GEMM than on its own).
+SETTLE_SECONDS = 0.3
 
 
 def best(run, repeat: int) -> float:
@@ -139,6 +146,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="default: numba's thread count")
+    parser.add_argument("--settle", type=float, default=SETTLE_SECONDS,
+                        help="seconds of quiet before each library's timing (see SETTLE_SECONDS)")
     parser.add_argument("--only", nargs="+", choices=sorted(FAMILIES), default=list(FAMILIES))
     args = parser.parse_args(argv)
     try:
@@ -159,7 +168,10 @@ def main(argv=None) -> int:
           f"best of {args.repeat} (ratio = torch time / minilms time)")
     rows, misses = [], []
     for name, is_conv, ours, theirs in tqdm(cases, desc="cases", leave=False):
-        t_ours, t_torch = best(ours, args.repeat), best(theirs, args.repeat)
+        time.sleep(args.settle)
+        t_ours = best(ours, args.repeat)
+        time.sleep(args.settle)
+        t_torch = best(theirs, args.repeat)
         ratio = t_torch / t_ours
         goal = GOAL_CONV if is_conv else GOAL_ALL
         mark = "" if ratio >= goal else f"  < goal {goal}"
@@ -167,6 +179,7 @@ def main(argv=None) -> int:
             misses.append(name)
         rows.append(f"{name:<34} {t_ours * 1e3:10.3f} {t_torch * 1e3:10.3f} {ratio:7.2f}{mark}")
     print(f"{'case':<34} {'minilms ms':>10} {'torch ms':>10} {'ratio':>7}", *rows, sep="\n")
+    print("load average after the runs: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     print(f"{len(cases) - len(misses)} of {len(cases)} cases meet their goal"
           + (f"; missing: {', '.join(misses)}" if misses else ""))
     return 0

@@ -35,7 +35,8 @@ def test_bench_copy_bad_size_exits_2(capsys):
 
 def test_bench_kernels_prints_ratios_against_torch(capsys):
     pytest.importorskip("torch", reason="PyTorch not installed: it is bench_kernels' baseline")
-    assert run_script("bench_kernels.py", "--only", "gemm", "bn", "conv", "--repeat", "1") == 0
+    assert run_script("bench_kernels.py", "--only", "gemm", "bn", "conv", "--repeat", "1",
+                      "--settle", "0") == 0
     out = capsys.readouterr().out
     assert "ratio = torch time / minilms time" in out
     rows = [line for line in out.splitlines() if line.startswith(("gemm ", "bn ", "conv "))]
