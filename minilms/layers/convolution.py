@@ -34,7 +34,7 @@ takes the same elements at twice the bytes):
 import numpy as np
 from numba import cuda
 
-from ..kernels import conv_cpu, cuda_kernel, on_cpu
+from ..kernels import conv_cpu, conv_direct, cuda_kernel, on_cpu
 from ..kernels.elementwise import fill
 from ..kernels.gemm import gemm
 from ..kernels.im2col import col2im, conv_out_size, im2col
@@ -134,6 +134,13 @@ class Convolution(Layer):
         self.k = self.in_group * kh * kw                 # rows of col
         self.out_h, self.out_w = out_h, out_w
         self._size_workspace(shape)
+        self.direct_per_sample = conv_direct.padded_size(shape, *self._geometry())
+        if self.chunk:      # room for the direct paths' padded input (and dy) of a chunk, too
+            transposed = conv_direct.transposed_geometry(self._geometry())
+            dy_sample = 0 if transposed is None else conv_direct.padded_size(
+                (n, self.num_output, out_h, out_w), *transposed)
+            self.elements = max(self.elements, conv_direct.VL + self.chunk * max(
+                self.direct_per_sample, dy_sample))
         return [(n, self.num_output, out_h, out_w)]
 
     def _size_workspace(self, shape):
@@ -204,6 +211,11 @@ class Convolution(Layer):
     def forward(self, io):
         x, y = io.bottom[0], io.top[0]
         flat = self._workspace(io, x)
+        direct_chunk = min(x.shape[0], (flat.size - conv_direct.VL) // self.direct_per_sample)
+        if on_cpu(x) and conv_direct.supports(x.dtype, self.groups) and direct_chunk >= 1:
+            conv_direct.conv_forward_direct(x, io.params["weight"], io.params.get("bias"), y,
+                                            flat, direct_chunk, self._geometry())
+            return
         if self.chunk and on_cpu(x):
             conv_cpu.conv_forward(x, io.params["weight"], io.params.get("bias"), y, flat,
                                   self.chunk, self._geometry())
@@ -238,8 +250,17 @@ class Convolution(Layer):
             return
         flat = self._workspace(io, dy)
         if self.chunk and on_cpu(dy):
-            conv_cpu.conv_backward(x, dy, io.params["weight"], dx, dweight, dbias, flat,
-                                   self.chunk, self._geometry())
+            weight = io.params["weight"]
+            direct = dx is not None and self.groups == 1 and \
+                conv_direct.transposed_geometry(self._geometry()) is not None \
+                and conv_direct.supports(dy.dtype, 1)
+            if not direct or dweight is not None or dbias is not None:
+                conv_cpu.conv_backward(x, dy, weight, None if direct else dx, dweight, dbias,
+                                       flat, self.chunk, self._geometry())
+            if direct and not conv_direct.conv_input_grad_direct(dy, weight, dx, flat,
+                                                                 self._geometry()):
+                conv_cpu.conv_backward(x, dy, weight, dx, None, None, flat, self.chunk,
+                                       self._geometry())
             return
         n_samples, rows, staged = dy.shape[0], self.band_rows, self.staged
         weight = io.params["weight"].reshape(self.groups, self.out_group, self.k)

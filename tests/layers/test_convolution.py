@@ -193,6 +193,38 @@ def test_banded_path_equals_whole_image_path(kind, case, batch):
         np.testing.assert_allclose(got[2][key], expected[2][key], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", [n for n in VARIANTS if n not in ("groups", "banded")])
+def test_float32_cpu_takes_the_direct_path(name, monkeypatch):
+    """float32 without groups: the forward is the direct convolution (im2col + GEMM would fail
+    here), and so is the input gradient wherever the stride is 1; both match float64 references
+    (the naive loops; the float64 layer's input gradient)."""
+    from minilms.kernels import conv_cpu, conv_direct
+    layer, shape = variant(name)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal(shape)
+    layer.setup([shape])
+    params = {"weight": rng.standard_normal(layer.params()[0].shape), **random_bias(layer, rng)}
+    dy = rng.standard_normal(layer.top_shapes[0])
+    _, dx64, grads64 = forward_backward("cpu", conv(**VARIANTS[name][0]), x, dy, params)
+    strided = layer.stride != (1, 1)
+    real_backward = conv_cpu.conv_backward
+
+    def no_im2col_input_grad(x_, dy_, weight, dx, *rest):
+        assert dx is None or strided, "the input gradient should have been direct"
+        return real_backward(x_, dy_, weight, dx, *rest)
+    monkeypatch.setattr(conv_cpu, "conv_forward", None)
+    monkeypatch.setattr(conv_cpu, "conv_backward", no_im2col_input_grad)
+    p32 = {k: v.astype(np.float32) for k, v in params.items()}
+    y, dx, grads = forward_backward("cpu", layer, x.astype(np.float32), dy.astype(np.float32), p32)
+    expected = naive_conv(x, params["weight"], params.get("bias"), layer.stride, layer.pad,
+                          layer.dilation)
+    assert conv_direct.supports(y.dtype, layer.groups)
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dx, dx64, rtol=1e-4, atol=1e-4)
+    for key in grads64:
+        np.testing.assert_allclose(grads[key], grads64[key], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("options", [dict(groups=2), dict(bias=False, dilation=2, pad=2)])
 def test_chunked_path_equals_per_sample_path(options):
     """cpu: chunks of 2 samples (the last one short) and of all 5 give what one sample at a time
