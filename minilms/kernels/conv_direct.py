@@ -40,101 +40,98 @@ VL = 16 if "avx512f" in llvm_binding.get_host_cpu_features().flatten() else 8
 BLOCKS = (16, 8, 4, 2, 1)      # output channels per microkernel call; 16 accumulators fit
 
 
-def _make_tile(block: int, taps: int, vl: int):
-    """The microkernel for ``block`` output channels, ``taps`` taps and ``vl`` lanes, as a Numba
-    intrinsic: ``tile(x, w, bias, offsets, y, channels, x_channel, w_channel, w_output, y_plane,
+@intrinsic
+def _tile(typingctx, block, taps, vl, x, w, bias, offsets, y, channels, x_channel, w_output,
+          y_plane, count):
+    """The microkernel for ``block`` output channels, ``taps`` taps and ``vl`` lanes (integer
+    literals: each combination compiles its own unrolled code):
+    ``_tile(block, taps, vl, x, w, bias, offsets, y, channels, x_channel, w_output, y_plane,
     count)``, addresses as integers, strides in elements. ``x`` points at channel 0's input for the
     tile's first output, ``w`` at ``w[o0, 0, 0, 0]``, ``bias`` at ``bias[o0]``, ``offsets`` at
     ``taps`` element offsets (int64), ``y`` at ``y[o0, oh, ow0]``; only the first ``count`` lanes
-    are stored (a masked store at a row's end)."""
-    @intrinsic
-    def tile(typingctx, x, w, bias, offsets, y, channels, x_channel, w_channel, w_output,
-             y_plane, count):
-        sig = types.void(*([types.intp] * 11))
+    are stored (a masked store at a row's end). A global, not a closure: Numba's disk cache keys
+    a function on its closure's pickle, and an intrinsic pickles differently in every process."""
+    if not all(isinstance(t, types.IntegerLiteral) for t in (block, taps, vl)):
+        return None
+    # The literals stay in the signature: the lowering looks the implementation up by it.
+    sig = types.void(block, taps, vl, *([types.intp] * 10))
+    block, taps, vl = block.literal_value, taps.literal_value, vl.literal_value
 
-        def codegen(context, builder, signature, args):
-            x, w, bias, offsets, y, channels, x_channel, w_channel, w_output, y_plane, count = args
-            f32, i64 = ir.FloatType(), ir.IntType(64)
-            vector = ir.VectorType(f32, vl)
-            fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vector, [vector] * 3), f"llvm.fma.v{vl}f32")
-            mask_type = ir.VectorType(ir.IntType(1), vl)
-            masked_store = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [vector, vector.as_pointer(),
-                                                                ir.IntType(32), mask_type]),
-                f"llvm.masked.store.v{vl}f32.p0")
-            x = builder.inttoptr(x, f32.as_pointer())
-            w = builder.inttoptr(w, f32.as_pointer())
-            bias = builder.inttoptr(bias, f32.as_pointer())
-            offsets = builder.inttoptr(offsets, i64.as_pointer())
-            y = builder.inttoptr(y, f32.as_pointer())
-            lanes = ir.Constant(ir.VectorType(ir.IntType(32), vl), [0] * vl)
+    def codegen(context, builder, signature, args):
+        x, w, bias, offsets, y, channels, x_channel, w_output, y_plane, count = args[3:]
+        f32, i64 = ir.FloatType(), ir.IntType(64)
+        vector = ir.VectorType(f32, vl)
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vector, [vector] * 3), f"llvm.fma.v{vl}f32")
+        mask_type = ir.VectorType(ir.IntType(1), vl)
+        masked_store = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [vector, vector.as_pointer(),
+                                                            ir.IntType(32), mask_type]),
+            f"llvm.masked.store.v{vl}f32.p0")
+        x = builder.inttoptr(x, f32.as_pointer())
+        w = builder.inttoptr(w, f32.as_pointer())
+        bias = builder.inttoptr(bias, f32.as_pointer())
+        offsets = builder.inttoptr(offsets, i64.as_pointer())
+        y = builder.inttoptr(y, f32.as_pointer())
+        lanes = ir.Constant(ir.VectorType(ir.IntType(32), vl), [0] * vl)
 
-            def splat(value):
-                one = builder.insert_element(ir.Constant(vector, ir.Undefined), value,
-                                             ir.Constant(ir.IntType(32), 0))
-                return builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined), lanes)
+        def splat(value, kind=vector):
+            one = builder.insert_element(ir.Constant(kind, ir.Undefined), value,
+                                         ir.Constant(ir.IntType(32), 0))
+            return builder.shuffle_vector(one, ir.Constant(kind, ir.Undefined), lanes)
 
-            def constant(n):
-                return ir.Constant(i64, n)
+        def constant(n):
+            return ir.Constant(i64, n)
 
-            tap_at = [builder.load(builder.gep(offsets, [constant(t)])) for t in range(taps)]
-            w_rows = [builder.mul(constant(o), w_output) for o in range(block)]
-            start = [splat(builder.load(builder.gep(bias, [constant(o)]))) for o in range(block)]
-            entry = builder.block
-            loop = builder.append_basic_block("channel")
-            done = builder.append_basic_block("channels_done")
-            builder.branch(loop)
-            builder.position_at_end(loop)
-            c = builder.phi(i64)
-            c.add_incoming(constant(0), entry)
-            acc = []
+        tap_at = [builder.load(builder.gep(offsets, [constant(t)])) for t in range(taps)]
+        w_rows = [builder.mul(constant(o), w_output) for o in range(block)]
+        start = [splat(builder.load(builder.gep(bias, [constant(o)]))) for o in range(block)]
+        entry = builder.block
+        loop = builder.append_basic_block("channel")
+        done = builder.append_basic_block("channels_done")
+        builder.branch(loop)
+        builder.position_at_end(loop)
+        c = builder.phi(i64)
+        c.add_incoming(constant(0), entry)
+        acc = []
+        for o in range(block):
+            phi = builder.phi(vector)
+            phi.add_incoming(start[o], entry)
+            acc.append(phi)
+        current = list(acc)
+        x_c = builder.gep(x, [builder.mul(c, x_channel)])
+        w_c = builder.gep(w, [builder.mul(c, constant(taps))])
+        for t in range(taps):
+            v = builder.load(builder.bitcast(builder.gep(x_c, [tap_at[t]]), vector.as_pointer()),
+                             align=4)
             for o in range(block):
-                phi = builder.phi(vector)
-                phi.add_incoming(start[o], entry)
-                acc.append(phi)
-            current = list(acc)
-            x_c = builder.gep(x, [builder.mul(c, x_channel)])
-            w_c = builder.gep(w, [builder.mul(c, w_channel)])
-            for t in range(taps):
-                at = builder.bitcast(builder.gep(x_c, [tap_at[t]]), vector.as_pointer())
-                v = builder.load(at, align=4)
-                for o in range(block):
-                    weight = builder.load(builder.gep(w_c, [builder.add(w_rows[o], constant(t))]))
-                    current[o] = builder.call(fma, [v, splat(weight), current[o]])
-            following = builder.add(c, constant(1))
-            tail = builder.block
-            c.add_incoming(following, tail)
-            for o in range(block):
-                acc[o].add_incoming(current[o], tail)
-            builder.cbranch(builder.icmp_signed("<", following, channels), loop, done)
-            builder.position_at_end(done)
-            index = ir.Constant(ir.VectorType(i64, vl), list(range(vl)))
-            count_vector = builder.shuffle_vector(
-                builder.insert_element(ir.Constant(ir.VectorType(i64, vl), ir.Undefined), count,
-                                       ir.Constant(ir.IntType(32), 0)),
-                ir.Constant(ir.VectorType(i64, vl), ir.Undefined), lanes)
-            mask = builder.icmp_signed("<", index, count_vector)
-            for o in range(block):
-                out = builder.bitcast(builder.gep(y, [builder.mul(constant(o), y_plane)]),
-                                      vector.as_pointer())
-                builder.call(masked_store, [current[o], out, ir.Constant(ir.IntType(32), 4), mask])
-            return context.get_dummy_value()
+                weight = builder.load(builder.gep(w_c, [builder.add(w_rows[o], constant(t))]))
+                current[o] = builder.call(fma, [v, splat(weight), current[o]])
+        following = builder.add(c, constant(1))
+        tail = builder.block
+        c.add_incoming(following, tail)
+        for o in range(block):
+            acc[o].add_incoming(current[o], tail)
+        builder.cbranch(builder.icmp_signed("<", following, channels), loop, done)
+        builder.position_at_end(done)
+        index = ir.Constant(ir.VectorType(i64, vl), list(range(vl)))
+        mask = builder.icmp_signed("<", index, splat(count, ir.VectorType(i64, vl)))
+        for o in range(block):
+            out = builder.bitcast(builder.gep(y, [builder.mul(constant(o), y_plane)]),
+                                  vector.as_pointer())
+            builder.call(masked_store, [current[o], out, ir.Constant(ir.IntType(32), 4), mask])
+        return context.get_dummy_value()
 
-        return sig, codegen
-    return tile
+    return sig, codegen
 
 
 def _direct_kernel(taps: int, vl: int):
-    """The whole forward for one tap count and vector width (compile-time constants of the
-    microkernels)."""
-    t16, t8, t4, t2, t1 = (_make_tile(b, taps, vl) for b in BLOCKS)
-
+    """The whole forward for one tap count and vector width (literals for the microkernel)."""
     def conv_direct(xs, w, bias, offsets, y, sh):
         samples, out, out_h, out_w = y.shape
         channels, plane_x = xs.shape[1], xs.shape[2] * xs.shape[3] * xs.shape[4]
         row_x = xs.shape[3] * xs.shape[4]
-        w_output = channels * taps
+        w_output, plane_y = channels * taps, out_h * out_w
         xa, wa, ba, ta, ya = (xs.ctypes.data, w.ctypes.data, bias.ctypes.data,
                               offsets.ctypes.data, y.ctypes.data)
         for task in prange(samples * out_h):
@@ -145,23 +142,28 @@ def _direct_kernel(taps: int, vl: int):
                 o0 = 0
                 while o0 < out:
                     left = out - o0
-                    block = 16 if left >= 16 else 8 if left >= 8 else 4 if left >= 4 else \
-                        2 if left >= 2 else 1
-                    y_at = ((n * out + o0) * out_h + oh) * out_w + ow0
-                    args = (x_row + 4 * ow0, wa + 4 * o0 * w_output, ba + 4 * o0, ta,
-                            ya + 4 * y_at, channels, plane_x, taps, w_output, out_h * out_w,
-                            count)
-                    if block == 16:
-                        t16(*args)
-                    elif block == 8:
-                        t8(*args)
-                    elif block == 4:
-                        t4(*args)
-                    elif block == 2:
-                        t2(*args)
+                    x_at, w_at, b_at = x_row + 4 * ow0, wa + 4 * o0 * w_output, ba + 4 * o0
+                    y_at = ya + 4 * (((n * out + o0) * out_h + oh) * out_w + ow0)
+                    if left >= 16:
+                        _tile(16, taps, vl, x_at, w_at, b_at, ta, y_at, channels, plane_x,
+                              w_output, plane_y, count)
+                        o0 += 16
+                    elif left >= 8:
+                        _tile(8, taps, vl, x_at, w_at, b_at, ta, y_at, channels, plane_x,
+                              w_output, plane_y, count)
+                        o0 += 8
+                    elif left >= 4:
+                        _tile(4, taps, vl, x_at, w_at, b_at, ta, y_at, channels, plane_x,
+                              w_output, plane_y, count)
+                        o0 += 4
+                    elif left >= 2:
+                        _tile(2, taps, vl, x_at, w_at, b_at, ta, y_at, channels, plane_x,
+                              w_output, plane_y, count)
+                        o0 += 2
                     else:
-                        t1(*args)
-                    o0 += block
+                        _tile(1, taps, vl, x_at, w_at, b_at, ta, y_at, channels, plane_x,
+                              w_output, plane_y, count)
+                        o0 += 1
     return cpu_variant(conv_direct, f"taps{taps}_vl{vl}", True)
 
 
