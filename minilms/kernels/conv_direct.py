@@ -16,11 +16,17 @@ row ``oh`` and ``OB`` consecutive output channels ``o0 ..``, it computes ``VL`` 
         acc[o] += w[o0 + o, c, i, j] * v                         (broadcast, FMA; o unrolled)
     y[o0 + o, oh, ow0 ...] = acc[o]
 
-``xs`` is the input padded and split into ``sw`` phases, so that for any stride and dilation the
-``VL`` inputs of a tap are consecutive: ``xs[c, r, p, q] = x_padded[c, r, q * sw + p]``; output
-``ow``'s tap ``j`` reads phase ``(j * dw) % sw`` at ``q = ow + (j * dw) // sw``. Rows take the
-vertical stride directly (``r = oh * sh + i * dh``). Loads past a row's end feed only lanes past
-the output's end, which are not stored (the workspace has ``VL`` floats of slack after ``xs``).
+The input is first copied, a chunk of samples at a time, into a layout where the ``VL`` inputs of
+a tap are consecutive, for any stride and dilation:
+
+* rows mode: padded and split into ``sw`` phases, ``xs[c, r, p, q] = x_padded[c, r, q * sw + p]``;
+  output ``ow``'s tap ``j`` reads phase ``(j * dw) % sw`` at ``q = ow + (j * dw) // sw``, and rows
+  take the vertical stride directly (``r = oh * sh + i * dh``);
+* flat mode (vertical stride 1, rows that would leave lanes empty): ``kw`` width-shifted copies
+  ``xw[c, j, r, ow] = x_padded[c, r, ow * sw + j * dw]`` with rows exactly ``OW`` long, so output
+  ``p = oh * OW + ow`` reads ``xw[c, j].flat[p + i * dh * OW]``: one vector spans output rows.
+
+Loads past the end feed only lanes that are not stored (the workspace has ``VL`` floats of slack).
 
 Every output is a sum in the same order (channel, then tap), whatever the threads do: results are
 deterministic, and equal to im2col + GEMM up to float32 rounding.
@@ -34,7 +40,8 @@ from numba.extending import intrinsic
 
 from .registry import cpu_variant
 
-__all__ = ["VL", "BLOCKS", "padded_size", "supports", "conv_forward_direct"]
+__all__ = ["VL", "BLOCKS", "lanes", "padded_size", "supports", "conv_forward_direct",
+           "transposed_geometry", "conv_input_grad_direct"]
 
 VL = 16 if "avx512f" in llvm_binding.get_host_cpu_features().flatten() else 8
 BLOCKS = (16, 8, 4, 2, 1)      # output channels per microkernel call; 16 accumulators fit
@@ -125,50 +132,56 @@ def _tile(typingctx, block, taps, vl, x, w, bias, offsets, y, channels, x_channe
     return sig, codegen
 
 
-def _direct_kernel(taps: int, vl: int):
-    """The whole forward for one tap count and vector width (literals for the microkernel)."""
-    def conv_direct(xs, w, bias, offsets, y, sh):
+def _direct_kernel(taps: int, vl: int, flat: bool):
+    """The whole forward for one tap count and vector width (literals for the microkernel), over
+    rows of outputs, or (``flat``) over each output plane as one long row."""
+    def conv_direct(xs, w, bias, offsets, y, sh, x_channel, x_row):
         samples, out, out_h, out_w = y.shape
-        channels, plane_x = xs.shape[1], xs.shape[2] * xs.shape[3] * xs.shape[4]
-        row_x = xs.shape[3] * xs.shape[4]
-        w_output, plane_y = channels * taps, out_h * out_w
+        channels, plane_y = w.shape[1] // taps, out_h * out_w
+        w_output = channels * taps
+        per_row = (out_w + vl - 1) // vl
+        tiles = (plane_y + vl - 1) // vl if flat else out_h * per_row
         xa, wa, ba, ta, ya = (xs.ctypes.data, w.ctypes.data, bias.ctypes.data,
                               offsets.ctypes.data, y.ctypes.data)
-        for task in prange(samples * out_h):
-            n, oh = task // out_h, task % out_h
-            x_row = xa + 4 * (n * channels * plane_x + oh * sh * row_x)
-            for ow0 in range(0, out_w, vl):
-                count = min(vl, out_w - ow0)
-                o0 = 0
-                while o0 < out:
-                    left = out - o0
-                    x_at, w_at, b_at = x_row + 4 * ow0, wa + 4 * o0 * w_output, ba + 4 * o0
-                    y_at = ya + 4 * (((n * out + o0) * out_h + oh) * out_w + ow0)
-                    if left >= 16:
-                        _tile(16, taps, vl, x_at, w_at, b_at, ta, y_at, channels, plane_x,
-                              w_output, plane_y, count)
-                        o0 += 16
-                    elif left >= 8:
-                        _tile(8, taps, vl, x_at, w_at, b_at, ta, y_at, channels, plane_x,
-                              w_output, plane_y, count)
-                        o0 += 8
-                    elif left >= 4:
-                        _tile(4, taps, vl, x_at, w_at, b_at, ta, y_at, channels, plane_x,
-                              w_output, plane_y, count)
-                        o0 += 4
-                    elif left >= 2:
-                        _tile(2, taps, vl, x_at, w_at, b_at, ta, y_at, channels, plane_x,
-                              w_output, plane_y, count)
-                        o0 += 2
-                    else:
-                        _tile(1, taps, vl, x_at, w_at, b_at, ta, y_at, channels, plane_x,
-                              w_output, plane_y, count)
-                        o0 += 1
-    return cpu_variant(conv_direct, f"taps{taps}_vl{vl}", True)
+        for task in prange(samples * tiles):
+            n, t = task // tiles, task % tiles
+            if flat:
+                at, count, x_at = t * vl, min(vl, plane_y - t * vl), t * vl
+            else:
+                oh, ow0 = t // per_row, (t % per_row) * vl
+                at, count, x_at = oh * out_w + ow0, min(vl, out_w - ow0), oh * sh * x_row + ow0
+            x_at = xa + 4 * (n * xs.shape[1] + x_at)
+            o0 = 0
+            while o0 < out:
+                left = out - o0
+                w_at, b_at = wa + 4 * o0 * w_output, ba + 4 * o0
+                y_at = ya + 4 * ((n * out + o0) * plane_y + at)
+                if left >= 16:
+                    _tile(16, taps, vl, x_at, w_at, b_at, ta, y_at, channels, x_channel,
+                          w_output, plane_y, count)
+                    o0 += 16
+                elif left >= 8:
+                    _tile(8, taps, vl, x_at, w_at, b_at, ta, y_at, channels, x_channel,
+                          w_output, plane_y, count)
+                    o0 += 8
+                elif left >= 4:
+                    _tile(4, taps, vl, x_at, w_at, b_at, ta, y_at, channels, x_channel,
+                          w_output, plane_y, count)
+                    o0 += 4
+                elif left >= 2:
+                    _tile(2, taps, vl, x_at, w_at, b_at, ta, y_at, channels, x_channel,
+                          w_output, plane_y, count)
+                    o0 += 2
+                else:
+                    _tile(1, taps, vl, x_at, w_at, b_at, ta, y_at, channels, x_channel,
+                          w_output, plane_y, count)
+                    o0 += 1
+    return cpu_variant(conv_direct, f"taps{taps}_vl{vl}_{'flat' if flat else 'rows'}", True)
 
 
 def _pad_split_kernel():
     def pad_split(x, xs, sw, ph, pw):
+        """``xs[n, c, r, p, q] = x_padded[n, c, r, q * sw + p]``: rows mode."""
         samples, channels, height, width = x.shape
         rows, phases, quarters = xs.shape[2], xs.shape[3], xs.shape[4]
         for task in prange(samples * channels):
@@ -187,18 +200,51 @@ def _pad_split_kernel():
     return cpu_variant(pad_split, "par", True)
 
 
+def _width_copies_kernel():
+    def width_copies(x, xw, sw, dw, ph, pw):
+        """``xw[n, c, j, r, ow] = x_padded[n, c, r, ow * sw + j * dw]``: flat mode. Each copy's
+        rows are exactly ``out_w`` long, so with a vertical stride of 1 the input of output
+        ``p = oh * out_w + ow`` at tap ``(i, j)`` is ``xw[n, c, j].flat[p + i * dh * out_w]``."""
+        samples, channels, height, width = x.shape
+        copies, rows, out_w = xw.shape[2], xw.shape[3], xw.shape[4]
+        for task in prange(samples * channels):
+            n, c = task // channels, task % channels
+            for j in range(copies):
+                for r in range(rows):
+                    h = r - ph
+                    dst = xw[n, c, j, r]
+                    if 0 <= h < height:
+                        for ow in range(out_w):
+                            col = ow * sw + j * dw - pw
+                            dst[ow] = x[n, c, h, col] if 0 <= col < width else 0
+                    else:
+                        for ow in range(out_w):
+                            dst[ow] = 0
+    return cpu_variant(width_copies, "par", True)
+
+
 _KERNELS: dict = {}
 _PAD_SPLIT = _pad_split_kernel()
+_WIDTH_COPIES = _width_copies_kernel()
 
 
-def _geometry(x_shape, kernel_size, stride, padding, dilation):
+def _layout(x_shape, kernel_size, stride, padding, dilation):
+    """``(flat, vl, xs shape per sample, tap offsets, x_channel, x_row)``. Flat (width copies)
+    where the vertical stride is 1 and rows of ``out_w`` would leave vector lanes empty; else
+    rows (padded, phase-split)."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
-    height, width = x_shape[2], x_shape[3]
+    channels, height, width = x_shape[1], x_shape[2], x_shape[3]
     out_h = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     out_w = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     rows = max(height + 2 * ph, (out_h - 1) * sh + dh * (kh - 1) + 1)
+    if sh == 1 and out_w % VL:
+        offsets = [j * rows * out_w + i * dh * out_w for i in range(kh) for j in range(kw)]
+        return True, VL, (channels, kw, rows, out_w), offsets, kw * rows * out_w, out_w
     quarters = -(-max(width + 2 * pw, (out_w - 1) * sw + dw * (kw - 1) + 1) // sw)
-    return out_h, out_w, rows, quarters
+    offsets = [i * dh * sw * quarters + ((j * dw) % sw) * quarters + (j * dw) // sw
+               for i in range(kh) for j in range(kw)]
+    return False, lanes(out_w), (channels, rows, sw, quarters), offsets, \
+        rows * sw * quarters, sw * quarters
 
 
 def lanes(out_w: int) -> int:
@@ -208,9 +254,8 @@ def lanes(out_w: int) -> int:
 
 
 def padded_size(x_shape, kernel_size, stride, padding, dilation) -> int:
-    """Float elements of one sample's padded, phase-split input ``xs``."""
-    _, _, rows, quarters = _geometry(x_shape, kernel_size, stride, padding, dilation)
-    return x_shape[1] * rows * stride[1] * quarters
+    """Float elements of one sample's prepared input (``xs`` or ``xw``)."""
+    return int(np.prod(_layout(x_shape, kernel_size, stride, padding, dilation)[2]))
 
 
 def supports(dtype, groups: int) -> bool:
@@ -221,24 +266,25 @@ def supports(dtype, groups: int) -> bool:
 def conv_forward_direct(x, weight, bias, y, work, chunk, geometry):
     """``y = conv(x, weight) + bias`` (float32, one group), ``chunk`` samples at a time through
     ``work`` (flat float32, at least ``chunk * padded_size(...) + VL`` elements)."""
-    kernel_size, stride, padding, dilation = geometry
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
-    _, _, rows, quarters = _geometry(x.shape, *geometry)
-    taps, vl = kh * kw, lanes(_geometry(x.shape, *geometry)[1])
-    kernel = _KERNELS.get((taps, vl))
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
+    flat, vl, per_sample, offsets, x_channel, x_row = _layout(x.shape, *geometry)
+    key = (kh * kw, vl, flat)
+    kernel = _KERNELS.get(key)
     if kernel is None:
-        kernel = _KERNELS[taps, vl] = _direct_kernel(taps, vl)
-    offsets = np.array([i * dh * sw * quarters + ((j * dw) % sw) * quarters + (j * dw) // sw
-                        for i in range(kh) for j in range(kw)], np.int64)
+        kernel = _KERNELS[key] = _direct_kernel(*key)
+    offsets = np.array(offsets, np.int64)
     out = weight.shape[0]
     w = np.ascontiguousarray(weight).reshape(out, -1)
     b = np.zeros(out, np.float32) if bias is None else np.ascontiguousarray(bias)
-    per_sample = x.shape[1] * rows * sw * quarters
+    size = int(np.prod(per_sample))
     for n0 in range(0, x.shape[0], chunk):
         n1 = min(x.shape[0], n0 + chunk)
-        xs = work[:(n1 - n0) * per_sample].reshape(n1 - n0, x.shape[1], rows, sw, quarters)
-        _PAD_SPLIT(x[n0:n1], xs, sw, ph, pw)
-        kernel(xs, w, b, offsets, y[n0:n1], sh)
+        xs = work[:(n1 - n0) * size].reshape((n1 - n0,) + per_sample)
+        if flat:
+            _WIDTH_COPIES(x[n0:n1], xs, sw, dw, ph, pw)
+        else:
+            _PAD_SPLIT(x[n0:n1], xs, sw, ph, pw)
+        kernel(xs.reshape(n1 - n0, size), w, b, offsets, y[n0:n1], sh, x_channel, x_row)
 
 
 def transposed_geometry(geometry):

@@ -16,6 +16,10 @@ gradients: ``dweight_g = sum_n dy_g[n] @ col^T`` (the first sample writes, the o
 ``dbias_g = sum_n dy_g[n] @ ones``, and ``dx[n]`` = col2im of ``weight_g^T @ dy_g[n]`` after ``dx``
 is zeroed (col2im adds).
 
+On the ``cpu`` device a float32 convolution without groups runs its forward, and (stride 1) its
+input gradient, as a direct convolution (``minilms.kernels.conv_direct``) in the same workspace;
+the rest below still holds for everything else (the weight gradient, float64, groups, ``cuda``).
+
 Three ways through, chosen by the workspace (``col``, float elements in the run's dtype, sized in
 ``setup`` from ``max_workspace``, which counts float32 bytes: a float64 run, the gradient checks,
 takes the same elements at twice the bytes):
