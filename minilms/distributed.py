@@ -44,6 +44,7 @@ EXIT_PEER_LOST = 3
 LAUNCHER_SIZE = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 _POLL_SECONDS = 0.0005     # the longest sleep between tests of a pending collective
 _active = None             # the World of this process, once it has more than one rank
+_failing = threading.Lock()   # held by the one thread that reports a failure and aborts
 
 
 class DistributedError(MinilmsError):
@@ -104,7 +105,10 @@ class World:
 
     # -- ending the job ----------------------------------------------------------------------------
     def fail(self, message: str, code: int = EXIT_PEER_LOST) -> None:
-        """Say ``message`` as this rank's one line on stderr and end every process of the job."""
+        """Say ``message`` as this rank's one line on stderr and end every process of the job.
+        Once: a second caller (another thread past its deadline) waits for the end."""
+        if not _failing.acquire(blocking=False):
+            time.sleep(3600)
         sys.stderr.write(f"error: rank {self.rank}: {message}\n")
         sys.stderr.flush()
         self.comm.Abort(code)
@@ -145,6 +149,17 @@ class World:
     def barrier(self, what: str) -> None:
         if self.distributed:
             self.wait(self.comm.Ibarrier(), what)
+
+    def share(self, text: str, what: str) -> str:
+        """Rank 0's ``text``, on every rank."""
+        if not self.distributed:
+            return text
+        data = np.frombuffer(text.encode(), np.uint8)
+        length = np.array([len(data)], np.int64)
+        self.wait(self.comm.Ibcast(length, root=0), f"broadcast of {what}")
+        data = data.copy() if self.rank == 0 else np.zeros(int(length[0]), np.uint8)
+        self.wait(self.comm.Ibcast(data, root=0), f"broadcast of {what}")
+        return data.tobytes().decode()
 
     def agree(self, text: str, what: str) -> None:
         """Every rank must say the same ``text`` (a config, a model's blobs) as rank 0; a rank that
@@ -276,9 +291,13 @@ class GradientReducer:
             pending = still
 
 
-def abort_if_distributed(code: int) -> None:
-    """After an error has been reported: end the other ranks too, so none waits for this one."""
+def abort_if_distributed(code: int, traceback: bool = False) -> None:
+    """After an error has been reported (``traceback``: report it now): end the other ranks too,
+    so none waits for this one. Nothing in one process."""
     if _active is not None:
+        if traceback:
+            import traceback as tb
+            tb.print_exc()
         sys.stderr.flush()
         _active.comm.Abort(code)
 
