@@ -146,6 +146,11 @@ class World:
                   what)
         return values
 
+    def start_sum(self, array: np.ndarray):
+        """Start summing ``array`` over all ranks in place; the request to test."""
+        from mpi4py import MPI
+        return self.comm.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+
     def barrier(self, what: str) -> None:
         if self.distributed:
             self.wait(self.comm.Ibarrier(), what)
@@ -256,8 +261,7 @@ class GradientReducer:
         self.ready.put(None)
 
     def _serve(self) -> None:
-        from mpi4py import MPI
-        comm, world = self.world.comm, self.world
+        world = self.world
         pending: list = []              # (name, host, done, iteration, request, deadline)
         nap = 1e-5
         while True:
@@ -269,7 +273,7 @@ class GradientReducer:
                 return
             if job:
                 name, host, done, iteration = job
-                request = comm.Iallreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+                request = world.start_sum(host)
                 pending.append((name, host, done, iteration, request,
                                 time.monotonic() + world.timeout))
                 nap = 1e-5
