@@ -1,5 +1,6 @@
 """Smoke runs of bench_vs_torch, bench_startup and bench_mpi at tiny size: they run and print
-what they promise (tables, ratios, goal lines). Their numbers are never asserted (no absolute times in CI)."""
+what they promise (tables, ratios, goal lines). Their numbers are never asserted (no absolute
+times in CI)."""
 import re
 import runpy
 import sys
