@@ -136,7 +136,8 @@ class World:
             self.wait(self.comm.Ibcast(arrays[name], root=0), f"broadcast of {name} ({what})")
 
     def sum(self, values, what: str, local: bool = False, op: str = "sum") -> np.ndarray:
-        """Elementwise sum (or ``op`` "min") of ``values`` over all ranks (``local``: this node's)."""
+        """Elementwise sum (or ``op`` "min") of ``values`` over all ranks (``local``: over this
+        node's)."""
         values = np.array(values, dtype=np.float64 if op == "sum" else np.int64)
         if not self.distributed:
             return values

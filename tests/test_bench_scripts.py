@@ -52,7 +52,7 @@ def test_bench_startup_lists_uncached_kernels():
 
 
 def test_bench_mpi_smoke(capsys):
-    pytest.importorskip("mpi4py", reason="mpi4py not installed: bench_mpi needs MPI (the mpi extra)")
+    pytest.importorskip("mpi4py", reason="mpi4py not installed: bench_mpi needs MPI (mpi extra)")
     assert run_script("bench_mpi.py", "--smoke") == 0
     out = capsys.readouterr().out
     assert re.search(r"row +ranks +threads/rank +batch in all +images/s +ratio", out)

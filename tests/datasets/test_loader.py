@@ -109,7 +109,8 @@ def test_unpadded_shards_count_every_sample_once(size, world_size, seed):
     for rank, shard in enumerate(shards):
         loader = BatchLoader(IndexDataset(size), batch_size=4, rank=rank, world_size=world_size,
                              pad=False, prefetch=0)
-        assert loader.shard_size == len(shard) and sum(len(b) for b in loader.batches()) == len(shard)
+        assert loader.shard_size == len(shard)
+        assert sum(len(b) for b in loader.batches()) == len(shard)
 
 
 def test_threaded_shards_deliver_what_indices_promise():
