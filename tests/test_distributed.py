@@ -172,6 +172,45 @@ def test_the_reduce_path_with_one_process_gives_lms_weights_bit_for_bit(policy, 
         np.testing.assert_array_equal(results[1][1][name], value, err_msg=name)
 
 
+def test_the_reducer_in_the_executor_starts_averages_while_backward_runs():
+    """The real reducer, its other rank contributing the same gradient (x + x, then / 2: exact):
+    the weights of plain LMS bit for bit, and gradients are handed to MPI while later backward
+    steps are still to run, not after the last one."""
+    inputs = batch(2, 2, 6, 3, seed=1)
+    shapes = {k: (v.shape, v.dtype) for k, v in inputs.items()}
+    log, results = [], []
+
+    class Logged(GradientReducer):
+        def _hand_over(self):
+            log.append(("hand over", self.copying[0][0]))
+            super()._hand_over()
+
+    for reducer in (None, Logged(FakeWorld())):
+        log.clear()
+        with new_device("cpu", 16 * MiB) as device:
+            executor = LmsExecutor(Net(RESIDUAL_INCEPTION, shapes), device, SGD(0.1, momentum=0.9),
+                                   Policy(prefetch=1, reduce_grads=reducer is not None),
+                                   reducer=reducer)
+            run_step = executor.run_step
+
+            def logged(index, step, *args):
+                log.append((step.kind, step.layer))
+                return run_step(index, step, *args)
+            executor.run_step = logged
+            losses = [executor.iterate(inputs)["loss"] for _ in range(2)]
+            executor.sync_state()
+            results.append((losses, {n: b.host_data().copy() for n, b in executor.shared.items()}))
+        if reducer is not None:
+            reducer.close()
+    assert results[0][0] == results[1][0]
+    for name, value in results[0][1].items():
+        np.testing.assert_array_equal(results[1][1][name], value, err_msg=name)
+    first = log[:[entry[0] for entry in log].index("update")]     # up to the first update
+    backward = [i for i, entry in enumerate(first) if entry[0] == "backward"]
+    handed = [i for i, entry in enumerate(first) if entry[0] == "hand over"]
+    assert handed and handed[0] < backward[-1], first
+
+
 class Request:
     def __init__(self, done=True):
         self.done = done
