@@ -13,7 +13,9 @@ reference. images/s is read from rank 0's ``metrics.jsonl`` (one row per iterati
 all ranks over the iteration's time, gradient averaging included), summed over the iterations
 after ``--warmup``: the steady state, without start-up, compilation and data loading waits. The
 ratio is against one rank with 2 threads, measured in the same run of this script. ``overlap
-off`` averages all gradients after the last backward step instead of layer by layer during it.
+off`` averages all gradients after the last backward step instead of layer by layer during it;
+``wait ms/it`` is how long rank 0's updates waited for the averages, per iteration (the trainer's
+closing line).
 ``--repeat R`` runs every row R times and keeps the best (the machine may be shared). The load
 average before and after is printed: numbers taken on a busy machine say little.
 
@@ -23,6 +25,7 @@ reading).
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,10 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 MODELS = {
     "resnet18": """
 name: bench_mpi
-model: {zoo: resnet18, options: {width: 8}}
-data: {dataset: shapes, image_size: 32, channels: 3, num_classes: 4, train_size: 4096,
+model: {zoo: resnet18, options: {width: 2}}     # 32..256 channels
+data: {dataset: shapes, image_size: 32, channels: 3, num_classes: 4, train_size: 8192,
        val_size: 0, batch_size: 32, augment: {flip: true}}
-device: {kind: cpu, memory: 24MiB}
+device: {kind: cpu, memory: 16MiB}              # LMS off needs 72 MiB at batch 32
 lms: {policy: auto}
 solver: {type: sgd, lr: 0.05, momentum: 0.9}
 """,
@@ -77,13 +80,14 @@ def throughput(run_dir: Path, warmup: int, ranks: int, batch: int) -> float:
     return images / sum(ranks * batch / r["images_per_s"] for r in steady)
 
 
-def measure(config: str, ranks: int, threads: int, overlap: bool, args, work: Path) -> float:
+def measure(config: str, ranks: int, threads: int, overlap: bool, args, work: Path) -> tuple:
+    """(images/s, ms rank 0 waited for gradient averages per iteration, or None)."""
     run_dir = Path(tempfile.mkdtemp(dir=work))
     shutil.rmtree(run_dir)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     env.update({key: str(threads) for key in THREADS})
-    command = [sys.executable, "-m", "minilms.train", config, "--quiet", f"run_dir={run_dir}",
+    command = [sys.executable, "-m", "minilms.train", config, f"run_dir={run_dir}",
                f"train.max_iters={args.iters}", "train.log_every=1", "train.epochs=null",
                "train.checkpoint_every=0", "train.eval_every=0", "data.val_size=0", "trace=false",
                f"data.batch_size={args.batch}", f"distributed.overlap={str(overlap).lower()}"]
@@ -92,7 +96,9 @@ def measure(config: str, ranks: int, threads: int, overlap: bool, args, work: Pa
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"bench_mpi: {' '.join(command)} failed:\n{done.stderr}")
-    return throughput(run_dir, args.warmup, ranks, args.batch)
+    waited = re.search(r"updates waited ([\d.]+) ms in all", done.stdout)
+    return (throughput(run_dir, args.warmup, ranks, args.batch),
+            float(waited.group(1)) / args.iters if waited else None)
 
 
 def main() -> int:
@@ -128,15 +134,16 @@ def main() -> int:
               f"{args.iters} iterations ({args.warmup} left out), best of {args.repeat}; "
               f"{os.cpu_count()} cores, load average {load[0]:.2f} before")
         print(f"{'row':<26} {'ranks':>5} {'threads/rank':>12} {'batch in all':>12} "
-              f"{'images/s':>9} {'ratio':>6}")
+              f"{'images/s':>9} {'ratio':>6} {'wait ms/it':>10}")
         results = {}
         for label, ranks, threads, overlap in ROWS:
-            best = max(measure(config, ranks, threads, overlap, args, work)
-                       for _ in range(args.repeat))
+            best, waited = max(measure(config, ranks, threads, overlap, args, work)
+                               for _ in range(args.repeat))
             results[label] = best
             ratio = best / results[ROWS[0][0]]
+            wait = "-" if waited is None else f"{waited:.2f}"
             print(f"{label:<26} {ranks:>5} {threads:>12} {ranks * args.batch:>12} {best:>9.1f} "
-                  f"{ratio:>5.2f}x")
+                  f"{ratio:>5.2f}x {wait:>10}")
         two, one = results["2 ranks, 1 thread each"], results["1 rank, 2 threads"]
         print(f"ratio 2 ranks / 1 rank images/s: {two / one:.2f}x against 1 rank with 2 threads, "
               f"{two / results['1 rank, 1 thread']:.2f}x against 1 rank with 1 thread "

@@ -55,10 +55,11 @@ def test_bench_mpi_smoke(capsys):
     pytest.importorskip("mpi4py", reason="mpi4py not installed: bench_mpi needs MPI (mpi extra)")
     assert run_script("bench_mpi.py", "--smoke") == 0
     out = capsys.readouterr().out
-    assert re.search(r"row +ranks +threads/rank +batch in all +images/s +ratio", out)
-    for row in ("1 rank, 2 threads", "1 rank, 1 thread", "2 ranks, 1 thread each",
-                "2 ranks, overlap off"):
-        assert re.search(rf"^{row} +[12] +[12] +\d+ +[\d.]+ +[\d.]+x$", out, re.M), row
+    assert re.search(r"row +ranks +threads/rank +batch in all +images/s +ratio +wait ms/it", out)
+    for row in ("1 rank, 2 threads", "1 rank, 1 thread"):
+        assert re.search(rf"^{row} +1 +[12] +\d+ +[\d.]+ +[\d.]+x +-$", out, re.M), row
+    for row in ("2 ranks, 1 thread each", "2 ranks, overlap off"):
+        assert re.search(rf"^{row} +2 +1 +\d+ +[\d.]+ +[\d.]+x +[\d.]+$", out, re.M), row
     assert re.search(r"ratio 2 ranks / 1 rank images/s: [\d.]+x against 1 rank with 2 threads",
                      out)
     assert "load average" in out
