@@ -43,6 +43,7 @@ EXIT_PEER_LOST = 3
 # and Intel MPI, Open MPI, MVAPICH.
 LAUNCHER_SIZE = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 _POLL_SECONDS = 0.0005     # the longest sleep between tests of a pending collective
+_LAST_WORDS_SECONDS = 0.5
 _active = None             # the World of this process, once it has more than one rank
 _failing = threading.Lock()   # held by the one thread that reports a failure and aborts
 
@@ -110,8 +111,7 @@ class World:
         if not _failing.acquire(blocking=False):
             time.sleep(3600)
         sys.stderr.write(f"error: rank {self.rank}: {message}\n")
-        sys.stderr.flush()
-        self.comm.Abort(code)
+        _abort(self.comm, code)
 
     def wait(self, request, what: str) -> None:
         """Wait for a nonblocking collective; past ``timeout`` seconds, fail naming it."""
@@ -303,8 +303,15 @@ def abort_if_distributed(code: int, traceback: bool = False) -> None:
         if traceback:
             import traceback as tb
             tb.print_exc()
-        sys.stderr.flush()
-        _active.comm.Abort(code)
+        _abort(_active.comm, code)
+
+
+def _abort(comm, code: int) -> None:
+    sys.stderr.flush()
+    # The launcher forwards a rank's output through a proxy, and tears the job down on Abort,
+    # output in flight or not: give the proxy a moment to pass the last words on.
+    time.sleep(_LAST_WORDS_SECONDS)
+    comm.Abort(code)
 
 
 def rank_suffix(world: World) -> str:

@@ -441,9 +441,11 @@ def test_a_rank_that_dies_or_hangs_ends_the_others_within_the_timeout(tmp_path, 
 
 
 @needs_mpi
-def test_a_config_error_is_one_line_per_rank_and_exit_2(tmp_path):
+def test_a_config_error_is_one_line_and_exit_2(tmp_path):
+    """Every rank finds it; the launcher ends the job at the first rank's exit, so the other's
+    line may or may not make it out."""
     config = write_config(tmp_path, TINY.replace("lr: 0.05", "lr: -1"))
     done, _ = mpiexec("-m", "minilms.train", config, "--quiet")
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 2 and "solver.lr: expected a number > 0, found -1" in lines[0]
+    assert 1 <= len(lines) <= 2 and "solver.lr: expected a number > 0, found -1" in lines[0]
