@@ -262,6 +262,13 @@ class GradientReducer:
         self.ready.put(None)
 
     def _serve(self) -> None:
+        try:
+            self._loop()
+        except Exception as error:     # an MPI error: the job cannot go on, say why at once
+            self.world.fail(f"the gradient average failed in iteration {self.world.iteration}: "
+                            f"{' '.join(str(error).split())}")
+
+    def _loop(self) -> None:
         world = self.world
         pending: list = []              # (name, host, done, iteration, request, deadline)
         nap = 1e-5
