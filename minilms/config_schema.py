@@ -237,7 +237,8 @@ SCHEMA = Section(
     ),
     device=Section(
         """Where kernels run. ``memory`` is the pool, a hard cap (a size, or auto: a share of what
-        is free); ``link`` models the host-device link of the cpu device (a name or GB/s).""",
+        is free, divided by the processes of a data-parallel run that share the device);
+        ``link`` models the host-device link of the cpu device (a name or GB/s).""",
         kind=Field(choice("auto", "cpu", "cuda"), "auto"),
         memory=Field(either(SIZE, AUTO, expected=f"{SIZE_EXPECTED}, or 'auto'"), "auto"),
         link=Field(either(NULL, choice(*LINKS), number(0, open_low=True),
@@ -284,6 +285,19 @@ SCHEMA = Section(
             warmup_iters=Field(integer(0), 0),
             min_lr=Field(number(0), 0.0),
         ),
+    ),
+    distributed=Section(
+        """Data-parallel training, when launched with ``mpiexec -n N`` (one process: ignored).
+        Each rank trains on its own shard with batch ``data.batch_size`` and gradients are
+        averaged, so N ranks step as one process with batch ``N * data.batch_size``.
+        ``lr_scaling``: ``none`` keeps ``solver.lr``; ``linear`` multiplies it (and
+        ``min_lr``) by N, the usual rule for a batch N times larger. ``timeout``: seconds a rank
+        waits in a collective (a gradient average, a broadcast) before it decides another rank
+        died or hangs and ends the job. ``overlap``: average each layer's gradients while earlier
+        layers' backward steps compute (false: all after the last backward).""",
+        lr_scaling=Field(choice("none", "linear"), "none"),
+        timeout=Field(number(0, open_low=True), 300.0),
+        overlap=Field(BOOL, True),
     ),
     train=Section(
         """How long, and how often to look. The run stops at ``epochs`` or ``max_iters``,

@@ -148,14 +148,17 @@ def _candidate(net, steps, capacity, policy, model):
     return plan, simulate(plan, net, model).seconds
 
 
-def auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel) -> Plan:
-    """The fastest plan that fits, by the model; ``plan.candidates`` lists what was weighed."""
+def auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
+              reduce_grads: bool = False) -> Plan:
+    """The fastest plan that fits, by the model; ``plan.candidates`` lists what was weighed.
+    ``reduce_grads`` is kept in every candidate (it is what the plan is for, not a knob)."""
     sizes = sorted({info.nbytes for info in Liveness(net, steps).blobs.values()})
     thresholds = sorted({0} | {sizes[int(q * (len(sizes) - 1))] + 1 for q in THRESHOLD_QUANTILES})
     weighed, best = [], (float("inf"), None, None)
 
     def consider(policy):
         nonlocal best
+        policy = replace(policy, reduce_grads=reduce_grads)
         plan, seconds = _candidate(net, steps, capacity, policy, model)
         weighed.append((policy, seconds))
         if plan is not None:
@@ -195,5 +198,6 @@ def plan_for(net: Net, steps: list[Step], capacity: int, policy: Policy,
              model: CostModel | None = None) -> Plan:
     """``make_plan`` for manual knobs, ``auto_plan`` for ``policy: auto``."""
     if policy.enabled and policy.policy == "auto":
-        return auto_plan(net, steps, capacity, model or CostModel.for_device("cpu"))
+        return auto_plan(net, steps, capacity, model or CostModel.for_device("cpu"),
+                         policy.reduce_grads)
     return make_plan(net, steps, capacity, policy)

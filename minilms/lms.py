@@ -15,6 +15,12 @@ Every access a step makes goes through ``Blob.resident_view``, which neither pla
 blob that the plan failed to bring in is an error, not a silent fix. Each release checks that the
 blob did what the plan predicted (a swap-out copies, a drop does not).
 
+Data-parallel training (``minilms.distributed``) gives the executor a ``reducer`` and plans with
+``reduce_grads`` on a schedule whose updates come after the last backward. A ``reduce`` action
+hands a gradient's host copy to the reducer behind an event on the copy stream (its copy home);
+between steps the reducer starts the averaging of those whose copies have landed, while earlier
+layers' backward steps compute; a ``swap_in`` of a gradient first waits for its average.
+
 A plan is made once per input shape and mode (training, or forward only for evaluation) and
 cached: a smaller last batch gets its own. Switching between them sends the pinned blobs of the one
 left home; parameters and optimizer state are the same ``Blob`` objects in all of them.
@@ -76,9 +82,11 @@ class LmsExecutor(Executor):
     """``LmsExecutor(net, device, solver, policy)``: train ``net`` within ``device``'s pool."""
 
     def __init__(self, net: Net, device, solver=None, policy: Policy = Policy(), seed: int = 0,
-                 cost_model: CostModel | None = None):
+                 cost_model: CostModel | None = None, reducer=None):
         super().__init__(device, solver, seed)
-        self.policy = policy
+        if policy.reduce_grads and reducer is None and solver is not None:
+            raise ValueError("a policy with reduce_grads needs a reducer (minilms.distributed)")
+        self.policy, self.reducer = policy, reducer
         self.cost_model = cost_model or CostModel.for_device(device.kind,
                                                              getattr(device, "link", None))
         self.state_names = tuple(solver.state_names) if solver else ()
@@ -95,7 +103,7 @@ class LmsExecutor(Executor):
     def _program(self, net: Net, train: bool) -> Program:
         key = (tuple(sorted((k, v[0]) for k, v in net.inputs.items())), train)
         if key not in self.programs:
-            steps = net.schedule(self.state_names)
+            steps = net.schedule(self.state_names, delay_updates=self.policy.reduce_grads)
             if not train:
                 steps = [s for s in steps if s.kind == "forward"]
             plan = plan_for(net, steps, self.device.pool.capacity, self.policy, self.cost_model)
@@ -160,6 +168,8 @@ class LmsExecutor(Executor):
         if solver is not None:
             solver.begin_iteration(self.iteration)
             self.iteration += 1
+            if self.reducer is not None:
+                self.reducer.begin_iteration(self.iteration)
         for name, value in inputs.items():
             self.blobs[name].mutable_host_data(overwrite=True)[...] = value
         plan = self.current.plan
@@ -173,6 +183,8 @@ class LmsExecutor(Executor):
                                                                        program.copying)):
             if copies:
                 self._after_compute(compute, copy)
+            if self.reducer is not None:
+                self.reducer.poll()         # start the averages whose copies home have landed
             for action in now + step_plan.prefetch:
                 self._apply(action, copy)
                 number = program.sequence_of.get(id(action))
@@ -208,10 +220,18 @@ class LmsExecutor(Executor):
         if action.places and not blob.placed:
             blob.place(at=action.offset)
         if kind == "swap_in":
+            if self.reducer is not None:
+                self.reducer.finish(blob.name)      # a gradient: wait for its average
             if blob.state is not State.HOST:
                 raise RuntimeError(f"plan mismatch: swap-in of {blob.name} in state "
                                    f"{blob.state.value}: its host copy is not the newest")
             blob.device_data(stream)
+        elif kind == "reduce":
+            if self.reducer is None:
+                raise RuntimeError(f"plan mismatch: reduce of {blob.name} without a reducer")
+            copied = self.device.event()       # the copy home, just issued, is behind it
+            copied.record(stream)
+            self.reducer.submit(blob.name, blob.mutable_host_data(), copied)
         elif kind == "sync":
             if not blob.sync_home(stream):
                 raise RuntimeError(f"plan mismatch: sync of {blob.name}, which is not dirty")

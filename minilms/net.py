@@ -14,6 +14,9 @@ The schedule is what one training iteration does, in order, identically every it
 
 Updating each layer as soon as its backward is done gives the same weights as updating all at the
 end (no later backward step reads them), and lets LMS drop every gradient at once.
+``schedule(delay_updates=True)`` puts every update after the last backward instead (in the same
+order): data-parallel training (``minilms.distributed``) averages layer L's gradients across
+processes while the backward steps of earlier layers compute, and updates once they have arrived.
 
 Each ``Step`` lists the blobs it reads, writes (every element, old contents not needed), updates
 (reads then writes) and uses as workspace. Those lists are the whole truth the planner works from.
@@ -213,19 +216,27 @@ class Net:
         return wants
 
     # -- blobs and the schedule ------------------------------------------------------------------
-    def schedule(self, optimizer_state: tuple = ()) -> list[Step]:
+    def schedule(self, optimizer_state: tuple = (), delay_updates: bool = False) -> list[Step]:
         """The steps of one training iteration. ``optimizer_state`` names the solver's buffers
         per parameter (SGD with momentum: ``("momentum",)``; Adam: ``("exp_avg", "exp_avg_sq")``);
-        they become blobs ``<layer>.<param>.<state>``."""
+        they become blobs ``<layer>.<param>.<state>``. ``delay_updates``: every update after the
+        last backward, in backward order (the same weights: no backward reads a later layer's
+        parameters)."""
         steps: list[Step] = []
         for layer in self.layers:
             steps.append(self._forward_step(len(steps), layer))
         written: set = set()
+        delayed = []
         for layer in reversed(self.layers):
             if layer.name in self.backward_layers:
                 steps.append(self._backward_step(len(steps), layer, written))
                 if self.learnable(layer):
-                    steps.append(self._update_step(len(steps), layer, optimizer_state))
+                    if delay_updates:
+                        delayed.append(layer)
+                    else:
+                        steps.append(self._update_step(len(steps), layer, optimizer_state))
+        for layer in delayed:
+            steps.append(self._update_step(len(steps), layer, optimizer_state))
         return steps
 
     def learnable(self, layer: Layer) -> list:

@@ -24,6 +24,11 @@ whole is dead until then, and is freed. Blobs that outlive the iteration (parame
 state) are needed again in the next one; the net's outputs (loss, accuracy) are read by the host
 after the last step; its inputs (and the loss gradient seed) arrive fresh on the host each iteration.
 
+With ``reduce_grads`` (data-parallel training, ``minilms.distributed``) every parameter gradient
+goes home right after the backward step that wrote it (``swap_out``, or ``sync`` if it is pinned),
+followed by a ``reduce`` action: the executor averages the host copy across processes, so the
+device copy is stale from then on and the update step loads the reduced one (``swap_in``).
+
 Pinned blobs (those under ``min_swap_bytes``; parameters and optimizer state with ``keep_state``;
 every blob with LMS off) stay in one place for the whole run.
 Every other blob leaves the pool by the end of the iteration (the epilogue), so the plan starts and
@@ -43,7 +48,7 @@ from .net import Net, Step
 from .pool import Pool, align_up
 from .sizes import format_bytes
 
-_COPIES = {"swap_in": "h2d", "swap_out": "d2h", "sync": "d2h"}
+_COPIES = {"swap_in": "h2d", "swap_out": "d2h", "sync": "d2h"}   # "reduce": no device copy
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class Policy:
     start_fraction: float = 0.0
     prefetch: int = 0
     keep_state: bool = False
+    reduce_grads: bool = False     # data parallel: gradients home after backward, reduced there
 
     def __post_init__(self):
         if self.policy not in ("manual", "auto"):
@@ -70,23 +76,24 @@ class Policy:
 
     def describe(self) -> str:
         if not self.enabled:
-            return "LMS off"
+            return "LMS off" + (", gradients reduced on the host" if self.reduce_grads else "")
         limit = "none" if not self.limit else format_bytes(self.limit)
         return (f"LMS {self.policy}: min_swap_bytes {format_bytes(self.min_swap_bytes)}, limit "
                 f"{limit}, start_fraction {self.start_fraction:g}, prefetch {self.prefetch}, "
-                f"keep_state {str(self.keep_state).lower()}")
+                f"keep_state {str(self.keep_state).lower()}"
+                + (", gradients reduced on the host" if self.reduce_grads else ""))
 
 
 @dataclass(frozen=True)
 class Action:
-    kind: str                 # "alloc", "swap_in", "swap_out", "drop", "sync"
+    kind: str                 # "alloc", "swap_in", "swap_out", "drop", "sync", "reduce"
     blob: str
     nbytes: int               # the blob's bytes: what a copy moves
     offset: int               # its pool offset (where it goes, or where it was)
     size: int                 # the aligned slot
     for_step: int | None = None   # prefetch: the step the load serves
     why: str = ""                 # evictions: "dead", "furthest next use", "contiguous space",
-                                  # "relocation", "soft limit", "end of iteration"
+                                  # "relocation", "soft limit", "end of iteration", "reduce"
 
     @property
     def copies(self) -> str | None:
@@ -278,7 +285,25 @@ class _Planner:
             self.device_valid.add(name)
             self.host_valid.discard(name)
 
+    def _reduce(self, index: int, actions: list) -> None:
+        """``reduce_grads``: each parameter gradient this step wrote goes home now (a pinned one
+        keeps its slot) and is reduced there; its device copy is stale until reloaded."""
+        for name in self.live.steps[index].writes:
+            if self.live.blobs[name].role != "param_grad":
+                continue
+            reduce = replace(self._action("reduce", name), size=0)   # offset: where it was
+            if name in self.pinned:
+                actions.append(self._action("sync", name))
+                self.dirty.discard(name)
+                self.host_valid.add(name)
+            else:
+                self._evict(name, index, actions, "reduce", needed=True)
+            self.device_valid.discard(name)
+            actions.append(reduce)
+
     def _release_after(self, index: int, actions: list) -> None:
+        if self.policy.reduce_grads:
+            self._reduce(index, actions)
         for name in list(self.resident):
             if name not in self.pinned and self.live.need_after(name, index) == INFINITY:
                 self._evict(name, index, actions, "dead")

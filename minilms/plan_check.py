@@ -16,15 +16,23 @@ def check_plan(plan: Plan) -> None:
     and what it reads is valid on the device; a load (H2D) brings valid host data into a slot whose
     device copy is not already valid; a swap-out copies a dirty blob; no data that is read later is
     ever lost; the iteration ends as it began (only pinned blobs placed, state on the host or
-    pinned, outputs on the host)."""
+    pinned, outputs on the host). With ``reduce_grads``: a reduction rewrites a host copy that is
+    the newest, and every gradient a step reads was reduced after it was last written."""
     pool = Pool(plan.capacity, report=False)
     slots: dict = {}
     host = set(plan.persistent) | set(plan.host_inputs)
     device: set = set()
     dirty: set = set()
+    reduced: set = set()        # gradients reduced since they were last written
 
     def apply(action: Action, where: str) -> None:
         name = action.blob
+        if action.kind == "reduce":    # the host copy is rewritten: the device copy goes stale
+            assert name in host and name not in dirty, \
+                f"{where}: reduces {name}, whose host copy is not the newest"
+            device.discard(name)
+            reduced.add(name)
+            return
         if action.places and name not in slots:
             slots[name] = pool.allocate(action.size, name, at=action.offset)
         assert name in slots, f"{where}: {action.kind} of {name}, which is not placed"
@@ -53,7 +61,12 @@ def check_plan(plan: Plan) -> None:
         assert not missing, f"step {index} ({step.name}) runs without {sorted(missing)} resident"
         stale = set(step.reads + step.updates) - device
         assert not stale, f"step {index} ({step.name}) reads {sorted(stale)}, not valid on device"
+        if plan.policy.reduce_grads:
+            unreduced = {n for n in step.reads if plan.blobs[n].role == "param_grad"} - reduced
+            assert not unreduced, f"step {index} ({step.name}) reads {sorted(unreduced)}, " \
+                "not reduced since it was written"
         for name in step.writes + step.updates + step.workspace:
+            reduced.discard(name)
             device.add(name)
             dirty.add(name)
             host.discard(name)

@@ -10,11 +10,19 @@ Determinism: the initial weights come from ``seed``; the data order and augmenta
 ``(seed, epoch, batch)`` (``BatchLoader``); dropout from the executor's generator, whose state is
 checkpointed; the learning rate and Adam's step from the iteration. So a run resumed from any
 checkpoint ends with the weights the uninterrupted run ends with.
+
+Data parallel (``mpiexec -n N``, a ``World`` from ``minilms.distributed``): every rank trains on
+its shard of each epoch with its own device, rank 0's initial weights and state are broadcast,
+gradients are averaged before each update, and the logged loss and accuracy are averages over the
+ranks. Validation: each rank evaluates its unpadded shard and the sums are reduced, so every
+sample counts once. Rank 0 alone writes metrics, checkpoints and the summary and shows progress;
+images/s counts the images of all ranks.
 """
 import csv
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -23,7 +31,9 @@ from .checkpoint import apply_weights, load_checkpoint, load_weights, restore_rn
 from .commands.common import build_net, lms_policy
 from .cost import CostModel, measure_cpu
 from .datasets import OPTIONS, BatchLoader, make_dataset, make_transform
-from .device import make_device, parse_link
+from .device import AUTO_FRACTION, make_device, parse_link, resolve_kind
+from .device.cpu import host_memory_info
+from .distributed import GradientReducer, World, device_of, memory_share, sharers
 from .errors import ConfigError
 from .lms import LmsExecutor
 from .schedules import make_schedule
@@ -44,8 +54,10 @@ def make_solver(section):
 
 
 class Trainer:
-    def __init__(self, config, quiet: bool = False):
-        self.config, self.quiet = config, quiet
+    def __init__(self, config, quiet: bool = False, world: World | None = None):
+        self.world = world = world or World()
+        self.config, self.quiet = config, quiet or world.rank != 0
+        world.agree(config.to_yaml(), "the resolved config")
         data = config.data
         options = {k: data[k] for k in OPTIONS if k in data}
         options["seed"] = config.seed
@@ -62,30 +74,61 @@ class Trainer:
         if wanted and wanted != self.train_set.num_classes:
             raise ConfigError("model.options.num_classes", f"the data's {self.train_set.num_classes}"
                               " classes", wanted)
+        shard = {"rank": world.rank, "world_size": world.size}
         self.loader = BatchLoader(self.train_set, data.batch_size, shuffle=True, seed=config.seed,
                                   transform=make_transform(data.augment, self.train_set, True),
-                                  prefetch=data.prefetch)
+                                  prefetch=data.prefetch, **shard)
         self.val_loader = None if self.val_set is None else BatchLoader(
             self.val_set, data.batch_size, shuffle=False, seed=config.seed,
-            transform=make_transform(data.augment, self.train_set, False), prefetch=data.prefetch)
+            transform=make_transform(data.augment, self.train_set, False), prefetch=data.prefetch,
+            pad=False, **shard)
         self.net = build_net(config)
         link = parse_link(config.device.link)
-        self.device = make_device(config.device.kind, config.device.memory, config.device.link)
+        self.device = self.make_device()
         model = measure_cpu(link) if self.device.kind == "cpu" else \
             CostModel.for_device("cuda")
         self.solver = make_solver(config.solver)
-        self.executor = LmsExecutor(self.net, self.device, self.solver, lms_policy(config),
-                                    seed=config.seed, cost_model=model)
+        policy, self.reducer = lms_policy(config), None
+        if world.distributed:
+            policy = replace(policy, reduce_grads=True)
+            self.reducer = GradientReducer(world, overlap=config.distributed.overlap)
+        self.executor = LmsExecutor(self.net, self.device, self.solver, policy,
+                                    seed=config.seed, cost_model=model, reducer=self.reducer)
         epochs, max_iters = config.train.epochs, config.train.max_iters
         per_epoch = len(self.loader)
         self.total_iters = min(epochs * per_epoch if epochs else math.inf, max_iters or math.inf)
         self.epochs = epochs or math.ceil(self.total_iters / per_epoch)
-        self.schedule = make_schedule(dict(config.solver.schedule), config.solver.lr,
+        # lr_scaling linear: N ranks step as one process with an N times larger batch
+        self.lr_factor = world.size if config.distributed.lr_scaling == "linear" else 1
+        schedule = dict(config.solver.schedule)
+        schedule["min_lr"] = schedule["min_lr"] * self.lr_factor
+        self.schedule = make_schedule(schedule, config.solver.lr * self.lr_factor,
                                       int(self.total_iters))
         self.plan = self.executor.plan          # the training plan, for people (full batches)
         self.epoch, self.start_batch = 0, 0
         if config.init_weights:
             self.load_weights(config.init_weights)
+
+    def make_device(self):
+        """This rank's device: on ``cuda`` the GPU of its local rank. ``device.memory: auto`` in a
+        data-parallel run: a share of what is free (the least any rank on the node sees, after
+        all have looked) divided by the ranks that share the device (on ``cpu``: the node's)."""
+        device, world = self.config.device, self.world
+        kind, memory, device_id, gpus = resolve_kind(device.kind), device.memory, 0, 1
+        if kind == "cuda":
+            from numba import cuda
+            gpus = len(cuda.gpus)
+            device_id = device_of(world.local_rank, gpus)
+        if world.distributed and memory == "auto":
+            if kind == "cuda":
+                from .device.cuda import free_gpu_memory
+                free = free_gpu_memory(device_id)
+            else:
+                free = host_memory_info()[0]
+            free = int(world.sum([free], "sharing device memory", local=True, op="min")[0])
+            memory = memory_share(free, AUTO_FRACTION[kind],
+                                  sharers(world.local_rank, world.local_size, gpus))
+        return make_device(kind, memory, device.link, device_id)
 
     # -- state -----------------------------------------------------------------------------------
     def parameters(self) -> dict:
@@ -105,8 +148,20 @@ class Trainer:
         restore_rngs({"dropout": self.executor.rng}, meta["rng"])
         self.executor.iteration = meta["iteration"]
         self.epoch, self.start_batch = meta["epoch"], meta["batch"]
+        self.world.agree(f"{meta['iteration']} {meta['epoch']} {meta['batch']}",
+                         f"the checkpoint resumed ({checkpoint.path})")
+
+    def share_state(self) -> None:
+        """Every rank takes rank 0's parameters and optimizer state (initial or resumed)."""
+        if not self.world.distributed:
+            return
+        self.executor.flush()
+        self.world.broadcast({n: b.mutable_host_data() for n, b in self.executor.shared.items()},
+                             "initial weights and state")
 
     def checkpoint(self, run_dir: Path, batch: int) -> None:
+        if self.world.rank != 0:
+            return
         self.executor.sync_state()
         shared = self.executor.shared
         meta = {"iteration": self.executor.iteration, "epoch": self.epoch, "batch": batch,
@@ -119,12 +174,14 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------------------
     def run(self, run_dir: Path) -> dict:
         run_dir = Path(run_dir)
-        log = Metrics(run_dir)
-        train = self.config.train
+        log = Metrics(run_dir) if self.world.rank == 0 else NoMetrics()
+        train, world = self.config.train, self.world
         plan = self.plan
         moved = (plan.bytes_moved("h2d") + plan.bytes_moved("d2h")) / MiB
         self.say(self.describe())
+        self.share_state()
         started, last = time.perf_counter(), {}
+        self.reduce_wait = 0.0
         while self.epoch < self.epochs and self.executor.iteration < self.total_iters:
             self.loader.set_epoch(self.epoch)
             bar = tqdm(total=len(self.loader), initial=self.start_batch, leave=False,
@@ -141,14 +198,19 @@ class Trainer:
                 tick = time.perf_counter()
                 out = self.executor.iterate({"data": images, "label": labels})
                 seconds = time.perf_counter() - tick
-                last = {"loss": out["loss"], "accuracy": out.get("accuracy", math.nan)}
+                values = [out["loss"], out.get("accuracy", math.nan)]
+                if world.distributed:       # the mean over ranks (each rank's batch is as big)
+                    values = world.sum(values, "averaging the loss") / world.size
+                    self.reduce_wait += self.reducer.wait_seconds
+                last = {"loss": float(values[0]), "accuracy": float(values[1])}
+                images_per_s = len(labels) * world.size / seconds
                 bar.update(1)
                 bar.set_postfix(loss=f"{last['loss']:.3f}", acc=f"{last['accuracy']:.3f}",
-                                img_s=f"{len(labels) / seconds:.0f}", mib_it=f"{moved:.1f}",
+                                img_s=f"{images_per_s:.0f}", mib_it=f"{moved:.1f}",
                                 refresh=False)
                 if (iteration + 1) % train.log_every == 0 or iteration == 0:
                     log.write(split="train", epoch=self.epoch, iteration=iteration + 1, **last,
-                              lr=self.solver.lr, images_per_s=len(labels) / seconds,
+                              lr=self.solver.lr, images_per_s=images_per_s,
                               mib_moved=moved, stall_ms=self.executor.stall_seconds * 1e3)
             else:
                 batch_number = len(self.loader)
@@ -169,8 +231,11 @@ class Trainer:
         self.executor.sync_state()
         summary = {"iterations": self.executor.iteration, "epochs": self.epoch,
                    "seconds": round(seconds, 2), **{k: v for k, v in last.items()}}
+        if world.distributed:
+            summary["ranks"] = world.size
         self.say(self.finish(summary))
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if world.rank == 0:
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
     def evaluate(self, log) -> dict:
@@ -181,7 +246,8 @@ class Trainer:
             for key in total:
                 total[key] += out.get(key, math.nan) * len(labels)
             count += len(labels)
-        result = {f"val_{k}": v / count for k, v in total.items()}
+        *sums, count = self.world.sum([*total.values(), count], "summing the validation")
+        result = {f"val_{k}": v / count for k, v in zip(total, sums)}
         log.write(split="val", epoch=self.epoch, iteration=self.executor.iteration,
                   loss=result["val_loss"], accuracy=result["val_accuracy"], lr=self.solver.lr)
         self.say(f"epoch {self.epoch}: validation loss {result['val_loss']:.4f}, accuracy "
@@ -197,7 +263,21 @@ class Trainer:
                 f"{policy.describe()}: peak {format_bytes(plan.peak)} of "
                 f"{format_bytes(plan.capacity)}, moves {format_bytes(plan.bytes_moved('h2d'))} "
                 f"H2D and {format_bytes(plan.bytes_moved('d2h'))} D2H per iteration"
-                + "".join(f"\nnote: {n}" for n in plan.notes))
+                + "".join(f"\nnote: {n}" for n in plan.notes) + self.describe_world())
+
+    def describe_world(self) -> str:
+        world, config = self.world, self.config
+        if not world.distributed:
+            return ""
+        batch = config.data.batch_size
+        overlap = "overlapped with backward" if config.distributed.overlap else \
+            "after the last backward"
+        scaling = (f"lr scaling linear: lr {config.solver.lr * self.lr_factor:g} = "
+                   f"{config.solver.lr:g} x {world.size}" if self.lr_factor != 1 else
+                   f"lr scaling none: lr {config.solver.lr:g} as configured")
+        return (f"\ndata parallel: {world.size} ranks, batch {batch} each ({batch * world.size} "
+                f"in all), gradients averaged with allreduce on the host copies, {overlap}; "
+                f"{scaling}; a rank waits at most {config.distributed.timeout:g} s for the others")
 
     def finish(self, summary: dict) -> str:
         plan = self.plan
@@ -207,16 +287,22 @@ class Trainer:
         text = (f"done: {summary['iterations']} iterations in {summary['seconds']:.1f} s")
         if "val_accuracy" in summary:
             text += f", validation accuracy {summary['val_accuracy']:.4f}"
-        return (text + f"\nLMS per iteration: {loads} swap-ins, {swaps} swap-outs, {drops} drops; "
-                f"{format_bytes(plan.bytes_moved('h2d'))} in, "
-                f"{format_bytes(plan.bytes_moved('d2h'))} out; pool peak "
-                f"{format_bytes(plan.peak)} of {format_bytes(plan.capacity)}")
+        text += (f"\nLMS per iteration: {loads} swap-ins, {swaps} swap-outs, {drops} drops; "
+                 f"{format_bytes(plan.bytes_moved('h2d'))} in, "
+                 f"{format_bytes(plan.bytes_moved('d2h'))} out; pool peak "
+                 f"{format_bytes(plan.peak)} of {format_bytes(plan.capacity)}")
+        if self.world.distributed and summary["iterations"]:
+            text += (f"\nallreduce: updates waited {self.reduce_wait * 1e3:.1f} ms in all for "
+                     f"gradient averages on rank 0")
+        return text
 
     def say(self, text: str) -> None:
         if not self.quiet:
             tqdm.write(text)
 
     def close(self) -> None:
+        if self.reducer is not None:
+            self.reducer.close()
         self.device.close()
 
 
@@ -235,6 +321,13 @@ class Metrics:
             f.write(json.dumps(row) + "\n")
         with self.csv.open("a", newline="") as f:
             csv.DictWriter(f, METRICS).writerow(row)
+
+
+class NoMetrics:
+    """What ranks other than 0 log to."""
+
+    def write(self, **row) -> None:
+        pass
 
 
 def record_trace(enabled: bool, trainer: Trainer):

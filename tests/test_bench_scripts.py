@@ -1,5 +1,6 @@
-"""Smoke runs of bench_vs_torch and bench_startup at tiny size: they run and print what they
-promise (tables, ratios, goal lines). Their numbers are never asserted (no absolute times in CI)."""
+"""Smoke runs of bench_vs_torch, bench_startup and bench_mpi at tiny size: they run and print
+what they promise (tables, ratios, goal lines). Their numbers are never asserted (no absolute
+times in CI)."""
 import re
 import runpy
 import sys
@@ -48,3 +49,17 @@ def test_bench_startup_lists_uncached_kernels():
     found = runpy.run_path(str(SCRIPTS / "bench_startup.py"))["jit_caching"]()
     assert found["cached"] and all(": " in name for kind in found.values() for name in kind)
     assert not set(found["cached"]) & set(found["uncached"])
+
+
+def test_bench_mpi_smoke(capsys):
+    pytest.importorskip("mpi4py", reason="mpi4py not installed: bench_mpi needs MPI (mpi extra)")
+    assert run_script("bench_mpi.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    assert re.search(r"row +ranks +threads/rank +batch in all +images/s +ratio +wait ms/it", out)
+    for row in ("1 rank, 2 threads", "1 rank, 1 thread"):
+        assert re.search(rf"^{row} +1 +[12] +\d+ +[\d.]+ +[\d.]+x +-$", out, re.M), row
+    for row in ("2 ranks, 1 thread each", "2 ranks, overlap off"):
+        assert re.search(rf"^{row} +2 +1 +\d+ +[\d.]+ +[\d.]+x +[\d.]+$", out, re.M), row
+    assert re.search(r"ratio 2 ranks / 1 rank images/s: [\d.]+x against 1 rank with 2 threads",
+                     out)
+    assert "load average" in out

@@ -60,6 +60,7 @@ def test_a_minimal_config_gets_every_default(tmp_path):
                    "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8,
                    "schedule": {"type": "constant", "step_size": None, "gamma": 0.1,
                                 "milestones": [], "warmup_iters": 0, "min_lr": 0.0}},
+        "distributed": {"lr_scaling": "none", "timeout": 300.0, "overlap": True},
         "train": {"epochs": 1, "max_iters": None, "eval_every": 1, "checkpoint_every": 1,
                   "log_every": 10},
     }
@@ -175,6 +176,9 @@ TYPE_CASES = [
     ("solver.schedule.milestones", "10", "a list of increasing integers >= 1 (iterations)", "10"),
     ("solver.schedule.warmup_iters", "-5", "an integer >= 0", "-5"),
     ("solver.schedule.min_lr", "-1", "a number >= 0", "-1"),
+    ("distributed.lr_scaling", "sqrt", "none or linear", "'sqrt'"),
+    ("distributed.timeout", "0", "a number > 0", "0"),
+    ("distributed.overlap", "maybe", "true or false", "'maybe'"),
     ("train.epochs", "0", "an integer >= 1, or null", "0"),
     ("train.max_iters", "1.5", "an integer >= 1, or null", "1.5"),
     ("train.eval_every", "daily", "an integer >= 0", "'daily'"),

@@ -1,5 +1,6 @@
 """What the commands share: a net, a policy, a pool size and a cost model from a resolved config,
-and the rule that a mistake is one line on stderr with exit code 2, never a traceback."""
+and the rule that a mistake is one line on stderr with exit code 2, never a traceback. In a
+data-parallel run (``minilms.distributed``) a rank that fails ends the others too (MPI_Abort)."""
 import sys
 
 import numpy as np
@@ -89,6 +90,7 @@ def load(path: str, overrides) -> object:
 def run(main, argv=None) -> int:
     """Call ``main(argv)``; a MinilmsError (bad config, bad data, out of memory) is one line on
     stderr and exit code 2. ``main`` may attach the config it loaded as ``error.config``."""
+    from ..distributed import abort_if_distributed
     try:
         return main(argv) or 0
     except MinilmsError as error:
@@ -96,7 +98,12 @@ def run(main, argv=None) -> int:
         line = config_error_line(error, config) if config is not None and \
             isinstance(error, ConfigError) else " ".join(str(error).split())
         print(f"error: {line}", file=sys.stderr)
+        abort_if_distributed(error.exit_code)     # the other ranks must not wait for this one
         return error.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
+        abort_if_distributed(130)
         return 130
+    except Exception:
+        abort_if_distributed(1, traceback=True)
+        raise

@@ -12,6 +12,11 @@ A run directory (``run_dir``, default ``runs/<name>-<timestamp>``) receives the 
 ``metrics.jsonl`` and ``metrics.csv``, checkpoints, ``summary.json``, and with ``trace: true`` the
 memory trace and its picture. Nothing is written before the config, the data, the net and the plan
 have all been checked; every such mistake is one line on stderr and exit code 2.
+
+``mpiexec -n N python -m minilms.train CONFIG.yaml`` trains data-parallel over N processes
+(``minilms.distributed``; the config's ``distributed`` section): rank 0 chooses the run directory
+and writes what one process would; with ``trace: true`` every rank records its own trace, rank 0
+into ``trace.json``, rank R into ``trace.rankR.json``.
 """
 import argparse
 import time
@@ -83,26 +88,35 @@ def main(argv=None) -> int:
 
 
 def train(config, args) -> int:
+    from ..distributed import World, rank_suffix
     from ..trainer import Trainer, record_trace
-    run_dir = run_directory(config, args.resume)
+    world = World.detect(config.distributed.timeout)
+    run_dir = Path(world.share(str(run_directory(config, args.resume)), "the run directory"))
     if not args.resume and run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError("run_dir", "a new or empty directory (use --resume to continue it)",
                           str(run_dir))
-    trainer = Trainer(config, quiet=args.quiet)       # every check happens here
+    world.barrier("checking the run directory")       # every rank looked before rank 0 writes
+    trainer = Trainer(config, quiet=args.quiet, world=world)       # every check happens here
+    say = not args.quiet and world.rank == 0
     try:
         if args.resume:
             trainer.resume(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(config.to_yaml())
-        if not args.quiet:
+        if world.rank == 0:
+            (run_dir / "config.yaml").write_text(config.to_yaml())
+        if say:
             print(f"run directory: {run_dir}")
         with record_trace(config.trace, trainer) as tr:
             trainer.run(run_dir)
         if tr is not None:
-            tr.save(run_dir / "trace.json", least_pool=True)
-            tr.plot(run_dir / "memory.png")
-            if not args.quiet:
-                print(f"memory trace: {run_dir / 'trace.json'}, picture: {run_dir / 'memory.png'}")
+            trace = run_dir / f"trace{rank_suffix(world)}.json"
+            tr.save(trace, least_pool=True)
+            if world.rank == 0:
+                tr.plot(run_dir / "memory.png")
+            if say:
+                print(f"memory trace: {trace}, picture: {run_dir / 'memory.png'}"
+                      + (f" (rank 1..{world.size - 1}: trace.rankR.json)" if world.distributed
+                         else ""))
     finally:
         trainer.close()
     return 0

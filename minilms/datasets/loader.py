@@ -7,6 +7,9 @@ Order is a pure function of (seed, epoch), as in PyTorch's DistributedSampler: e
 the same permutation, pads it by wrapping around to a multiple of ``world_size`` (so every rank runs
 the same number of steps, which collective communication needs), and takes every
 ``world_size``-th index starting at ``rank``. Call ``set_epoch`` before each epoch for a new order.
+Batch ``k`` of every rank together are then the samples of batch ``k`` of one process with batch
+``world_size * batch_size``. ``pad=False`` (evaluation, where no rank waits for another) leaves
+the shards unpadded, so every sample is counted once: shards may then differ in length by one.
 Each batch's augmentation draws from its own generator, seeded by (seed, epoch, rank, batch), so
 results do not depend on thread timing.
 
@@ -46,7 +49,7 @@ class BatchLoader:
 
     def __init__(self, dataset: Dataset, batch_size: int, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, transform: Transform | None = None, prefetch: int = 2,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, pad: bool = True):
         for key, value, low in (("data.batch_size", batch_size, 1), ("data.prefetch", prefetch, 0),
                                 ("world_size", world_size, 1), ("seed", seed, 0)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
@@ -56,7 +59,7 @@ class BatchLoader:
             raise ConfigError("rank", f"an integer in 0..{world_size - 1}", rank)
         self.dataset, self.batch_size, self.shuffle, self.seed = dataset, batch_size, shuffle, seed
         self.drop_last, self.transform, self.prefetch = drop_last, transform, prefetch
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.pad = rank, world_size, pad
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -67,7 +70,10 @@ class BatchLoader:
 
     @property
     def shard_size(self) -> int:
-        """Samples per rank per epoch: ceil(len(dataset) / world_size)."""
+        """Samples per rank per epoch: ceil(len(dataset) / world_size) (unpadded: this rank's
+        share of the dataset)."""
+        if not self.pad:
+            return len(range(self.rank, len(self.dataset), self.world_size))
         return -(-len(self.dataset) // self.world_size)
 
     def __len__(self) -> int:
@@ -84,7 +90,7 @@ class BatchLoader:
             order = np.random.default_rng([self.seed, epoch, _SHUFFLE]).permutation(count)
         else:
             order = np.arange(count)
-        padding = self.shard_size * self.world_size - count
+        padding = self.shard_size * self.world_size - count if self.pad else 0
         if padding:
             order = np.concatenate([order, np.resize(order, padding)])
         return order[self.rank::self.world_size]

@@ -80,6 +80,39 @@ def test_shards_are_equal_disjoint_and_cover_the_epoch(size, world_size, seed, e
         assert len(set(everything)) == len(everything)
 
 
+@given(batches=st.integers(1, 6), batch=st.integers(1, 5), world_size=st.integers(1, 4),
+       seed=st.integers(0, 1000), epoch=st.integers(0, 9))
+def test_batch_k_of_all_ranks_is_batch_k_of_one_process_with_their_sum(batches, batch,
+                                                                         world_size, seed, epoch):
+    """What data-parallel training relies on: N ranks with batch B see, at every step, exactly
+    the samples one process sees with batch N * B (the ranks take every N-th of them)."""
+    size = batches * batch * world_size
+    one = BatchLoader(IndexDataset(size), batch_size=batch * world_size, seed=seed)
+    one.set_epoch(epoch)
+    ranks = [BatchLoader(IndexDataset(size), batch_size=batch, seed=seed, rank=rank,
+                         world_size=world_size) for rank in range(world_size)]
+    for loader in ranks:
+        loader.set_epoch(epoch)
+    for k, combined in enumerate(one.batches()):
+        parts = [loader.batches()[k] for loader in ranks]
+        assert [int(i) for i in combined] == [int(parts[j % world_size][j // world_size])
+                                              for j in range(len(combined))]
+
+
+@given(size=st.integers(0, 60), world_size=st.integers(1, 5), seed=st.integers(0, 100))
+def test_unpadded_shards_count_every_sample_once(size, world_size, seed):
+    shards = [BatchLoader(IndexDataset(size), batch_size=4, seed=seed, rank=rank,
+                          world_size=world_size, pad=False).indices(0).tolist()
+              for rank in range(world_size)]
+    everything = [i for shard in shards for i in shard]
+    assert sorted(everything) == list(range(size))
+    for rank, shard in enumerate(shards):
+        loader = BatchLoader(IndexDataset(size), batch_size=4, rank=rank, world_size=world_size,
+                             pad=False, prefetch=0)
+        assert loader.shard_size == len(shard)
+        assert sum(len(b) for b in loader.batches()) == len(shard)
+
+
 def test_threaded_shards_deliver_what_indices_promise():
     for rank in range(3):
         loader = BatchLoader(IndexDataset(31), batch_size=4, rank=rank, world_size=3, seed=9)
