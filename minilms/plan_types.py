@@ -1,0 +1,120 @@
+"""What a plan is made of: the knobs that shape it (``Policy``), its actions (``Action``), each
+step's share (``StepPlan``) and the whole (``Plan``, with its totals). The planner that makes them
+is ``minilms.plan``; the executor that replays them is ``minilms.lms``.
+"""
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+from .net import Step
+from .pool import align_up
+from .sizes import format_bytes
+
+_COPIES = {"swap_in": "h2d", "swap_out": "d2h", "sync": "d2h"}   # "reduce": no device copy
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The LMS knobs. ``policy="auto"`` ignores the manual ones and computes them."""
+    enabled: bool = True
+    policy: str = "manual"
+    min_swap_bytes: int = 0
+    limit: int | None = None
+    start_fraction: float = 0.0
+    prefetch: int = 0
+    keep_state: bool = False
+    reduce_grads: bool = False     # data parallel: gradients home after backward, reduced there
+
+    def __post_init__(self):
+        if self.policy not in ("manual", "auto"):
+            raise ConfigError("lms.policy", "auto or manual", self.policy)
+        if not 0.0 <= self.start_fraction <= 1.0:
+            raise ConfigError("lms.start_fraction", "a number in [0, 1]", self.start_fraction)
+        if self.prefetch < 0 or self.min_swap_bytes < 0 or (self.limit or 0) < 0:
+            raise ConfigError("lms", "prefetch, min_swap_bytes and limit >= 0", self)
+
+    def soft_limit(self, capacity: int) -> int:
+        return min(capacity, max(self.limit or 0, int(self.start_fraction * capacity)))
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return "LMS off" + (", gradients reduced on the host" if self.reduce_grads else "")
+        limit = "none" if not self.limit else format_bytes(self.limit)
+        return (f"LMS {self.policy}: min_swap_bytes {format_bytes(self.min_swap_bytes)}, limit "
+                f"{limit}, start_fraction {self.start_fraction:g}, prefetch {self.prefetch}, "
+                f"keep_state {str(self.keep_state).lower()}"
+                + (", gradients reduced on the host" if self.reduce_grads else ""))
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str                 # "alloc", "swap_in", "swap_out", "drop", "sync", "reduce"
+    blob: str
+    nbytes: int               # the blob's bytes: what a copy moves
+    offset: int               # its pool offset (where it goes, or where it was)
+    size: int                 # the aligned slot
+    for_step: int | None = None   # prefetch: the step the load serves
+    why: str = ""                 # evictions: "dead", "furthest next use", "contiguous space",
+                                  # "relocation", "soft limit", "end of iteration", "reduce"
+
+    @property
+    def copies(self) -> str | None:
+        """``"h2d"``, ``"d2h"`` or None."""
+        return _COPIES.get(self.kind)
+
+    @property
+    def places(self) -> bool:
+        return self.kind in ("alloc", "swap_in") and self.size > 0
+
+    @property
+    def frees(self) -> bool:
+        return self.kind in ("swap_out", "drop")
+
+
+@dataclass
+class StepPlan:
+    step: Step
+    release: list = field(default_factory=list)
+    demand: list = field(default_factory=list)
+    prefetch: list = field(default_factory=list)
+    in_use: int = 0               # pool bytes while the step runs
+    resident: tuple = ()          # blobs in the pool while the step runs
+
+    @property
+    def actions(self) -> list:
+        return self.release + self.demand + self.prefetch
+
+
+@dataclass
+class Plan:
+    policy: Policy
+    capacity: int
+    blobs: dict                   # name -> BlobInfo
+    pinned: dict                  # name -> offset
+    prologue: list
+    steps: list                   # StepPlan per step
+    epilogue: list
+    persistent: frozenset = frozenset()   # blobs that outlive the iteration
+    host_inputs: tuple = ()               # fresh on the host each iteration
+    outputs: tuple = ()                   # read by the host after the iteration
+    candidates: list = field(default_factory=list)   # auto: (policy, seconds or None)
+    notes: list = field(default_factory=list)        # what the planner changed, for people
+
+    def actions(self):
+        """Every per-iteration action in execution order, with its step (len(steps): epilogue)."""
+        for index, step_plan in enumerate(self.steps):
+            for action in step_plan.actions:
+                yield index, action
+        for action in self.epilogue:
+            yield len(self.steps), action
+
+    def bytes_moved(self, direction: str) -> int:
+        return sum(a.nbytes for _, a in self.actions() if a.copies == direction)
+
+    @property
+    def peak(self) -> int:
+        return max([s.in_use for s in self.steps] + [sum(align_up(self.blobs[b].nbytes)
+                                                         for b in self.pinned)])
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(align_up(self.blobs[name].nbytes) for name in self.pinned)
