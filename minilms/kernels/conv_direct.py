@@ -41,7 +41,7 @@ from numba.extending import intrinsic
 from .registry import cpu_variant
 
 __all__ = ["VL", "BLOCKS", "lanes", "padded_size", "supports", "conv_forward_direct",
-           "transposed_geometry", "conv_input_grad_direct"]
+           "transposed_geometry", "input_grad_pays", "conv_input_grad_direct"]
 
 VL = 16 if "avx512f" in llvm_binding.get_host_cpu_features().flatten() else 8
 BLOCKS = (16, 8, 4, 2, 1)      # output channels per microkernel call; 16 accumulators fit
@@ -303,6 +303,14 @@ def transposed_geometry(geometry):
     if stride != (1, 1) or min(pad) < 0:
         return None
     return kernel_size, stride, pad, dilation
+
+
+def input_grad_pays(weight_shape) -> bool:
+    """Measured (``scripts/bench_kernels.py``): the direct input gradient beats col2im for a small
+    ResNet's 3x3 layers (1.1-1.6x), and loses where ``dx`` has few channels (LeNet conv1's one:
+    a single accumulator chain, 8x slower) or the taps are many (5x5: the ``kw`` copies of ``dy``
+    cost more than they save, 2.3x slower)."""
+    return weight_shape[1] >= 16 and weight_shape[2] * weight_shape[3] <= 9
 
 
 def conv_input_grad_direct(dy, weight, dx, work, geometry) -> bool:

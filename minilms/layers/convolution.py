@@ -257,7 +257,7 @@ class Convolution(Layer):
             weight = io.params["weight"]
             direct = dx is not None and self.groups == 1 and \
                 conv_direct.transposed_geometry(self._geometry()) is not None \
-                and conv_direct.supports(dy.dtype, 1)
+                and conv_direct.supports(dy.dtype, 1) and conv_direct.input_grad_pays(weight.shape)
             if not direct or dweight is not None or dbias is not None:
                 conv_cpu.conv_backward(x, dy, weight, None if direct else dx, dweight, dbias,
                                        flat, self.chunk, self._geometry())

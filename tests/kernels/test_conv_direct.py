@@ -94,6 +94,12 @@ def test_no_bias_and_lane_choice():
     assert conv_direct.lanes(32) == conv_direct.VL
 
 
+def test_input_grad_pays_where_measured():
+    assert conv_direct.input_grad_pays((16, 16, 3, 3)) and conv_direct.input_grad_pays((8, 64, 3, 3))
+    assert not conv_direct.input_grad_pays((20, 1, 5, 5))      # LeNet conv1: one dx channel
+    assert not conv_direct.input_grad_pays((50, 20, 5, 5))     # LeNet conv2: 25 taps
+
+
 def test_supports_float32_without_groups_only():
     assert conv_direct.supports(np.float32, 1)
     assert not conv_direct.supports(np.float64, 1) and not conv_direct.supports(np.float32, 2)

@@ -193,24 +193,30 @@ def test_banded_path_equals_whole_image_path(kind, case, batch):
         np.testing.assert_allclose(got[2][key], expected[2][key], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", [n for n in VARIANTS if n not in ("groups", "banded")])
+DIRECT_CASES = {name: VARIANTS[name] for name in VARIANTS if name not in ("groups", "banded")}
+DIRECT_CASES["16 channels"] = (dict(num_output=5, pad=1), (2, 16, 5, 6))   # a direct input grad
+
+
+@pytest.mark.parametrize("name", DIRECT_CASES)
 def test_float32_cpu_takes_the_direct_path(name, monkeypatch):
     """float32 without groups: the forward is the direct convolution (im2col + GEMM would fail
-    here), and so is the input gradient wherever the stride is 1; both match float64 references
-    (the naive loops; the float64 layer's input gradient)."""
+    here), and so is the input gradient wherever the stride is 1 and it pays; both match float64
+    references (the naive loops; the float64 layer's input gradient)."""
     from minilms.kernels import conv_cpu, conv_direct
-    layer, shape = variant(name)
+    options, shape = DIRECT_CASES[name]
+    layer = conv(**options)
     rng = np.random.default_rng(6)
     x = rng.standard_normal(shape)
     layer.setup([shape])
     params = {"weight": rng.standard_normal(layer.params()[0].shape), **random_bias(layer, rng)}
     dy = rng.standard_normal(layer.top_shapes[0])
-    _, dx64, grads64 = forward_backward("cpu", conv(**VARIANTS[name][0]), x, dy, params)
-    strided = layer.stride != (1, 1)
+    _, dx64, grads64 = forward_backward("cpu", conv(**options), x, dy, params)
+    im2col_dx = layer.stride != (1, 1) or not conv_direct.input_grad_pays(
+        params["weight"].shape)
     real_backward = conv_cpu.conv_backward
 
     def no_im2col_input_grad(x_, dy_, weight, dx, *rest):
-        assert dx is None or strided, "the input gradient should have been direct"
+        assert dx is None or im2col_dx, "the input gradient should have been direct"
         return real_backward(x_, dy_, weight, dx, *rest)
     monkeypatch.setattr(conv_cpu, "conv_forward", None)
     monkeypatch.setattr(conv_cpu, "conv_backward", no_im2col_input_grad)
