@@ -258,13 +258,14 @@ class Convolution(Layer):
             direct = dx is not None and self.groups == 1 and \
                 conv_direct.transposed_geometry(self._geometry()) is not None \
                 and conv_direct.supports(dy.dtype, 1) and conv_direct.input_grad_pays(weight.shape)
+            # The direct input gradient first: run after the weight gradient's GEMM, it would
+            # share the cores with OpenBLAS's workers, which spin for a while after a call.
+            if direct:
+                direct = conv_direct.conv_input_grad_direct(dy, weight, dx, flat,
+                                                            self._geometry())
             if not direct or dweight is not None or dbias is not None:
                 conv_cpu.conv_backward(x, dy, weight, None if direct else dx, dweight, dbias,
                                        flat, self.chunk, self._geometry())
-            if direct and not conv_direct.conv_input_grad_direct(dy, weight, dx, flat,
-                                                                 self._geometry()):
-                conv_cpu.conv_backward(x, dy, weight, dx, None, None, flat, self.chunk,
-                                       self._geometry())
             return
         n_samples, rows, staged = dy.shape[0], self.band_rows, self.staged
         weight = io.params["weight"].reshape(self.groups, self.out_group, self.k)
