@@ -141,7 +141,8 @@ class Convolution(Layer):
         self.direct_per_sample = conv_direct.padded_size(shape, *self._geometry())
         if self.chunk:      # room for the direct paths' padded input (and dy) of a chunk, too
             transposed = conv_direct.transposed_geometry(self._geometry())
-            dy_sample = 0 if transposed is None else conv_direct.padded_size(
+            pays = conv_direct.input_grad_pays((self.num_output, self.in_group) + self.kernel_size)
+            dy_sample = 0 if transposed is None or not pays else conv_direct.padded_size(
                 (n, self.num_output, out_h, out_w), *transposed)
             self.elements = max(self.elements, conv_direct.VL + self.chunk * max(
                 self.direct_per_sample, dy_sample))
