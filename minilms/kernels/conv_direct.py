@@ -34,17 +34,16 @@ deterministic, and equal to im2col + GEMM up to float32 rounding.
 import llvmlite.binding as llvm_binding
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .registry import cpu_variant
 
-__all__ = ["VL", "BLOCKS", "lanes", "padded_size", "supports", "conv_forward_direct",
+__all__ = ["VL", "lanes", "padded_size", "supports", "conv_forward_direct",
            "transposed_geometry", "input_grad_pays", "conv_input_grad_direct"]
 
 VL = 16 if "avx512f" in llvm_binding.get_host_cpu_features().flatten() else 8
-BLOCKS = (16, 8, 4, 2, 1)      # output channels per microkernel call; 16 accumulators fit
 
 
 @intrinsic
@@ -152,6 +151,8 @@ def _direct_kernel(taps: int, vl: int, flat: bool):
                 at, count, x_at = oh * out_w + ow0, min(vl, out_w - ow0), oh * sh * x_row + ow0
             x_at = xa + 4 * (n * xs.shape[1] + x_at)
             o0 = 0
+            # 16 output channels a call (16 vector accumulators fit the registers), the rest in
+            # 8, 4, 2, 1; the block is a literal of the intrinsic, hence one call per size.
             while o0 < out:
                 left = out - o0
                 w_at, b_at = wa + 4 * o0 * w_output, ba + 4 * o0
