@@ -101,6 +101,29 @@ def test_backward_against_numerical_gradient(shape):
     np.testing.assert_array_equal(dy, dx)
 
 
+
+@pytest.mark.parametrize("offset", [0.0, 300.0])
+def test_float32_backward_against_float64_formula(offset):
+    """The CPU sums are vectorised one-pass float64 sums: float32 keeps to its own rounding, on a
+    channel whose mean dwarfs its spread too."""
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((16, 3, 40, 40)) * 2 + offset).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    gamma, beta, rmean, rvar = params(3, np.float32, seed=5)
+    _, mean, invstd, _, _ = train(x, gamma, beta, rmean, rvar)
+    dx, dgamma, dbeta = np.empty_like(x), np.empty_like(gamma), np.empty_like(beta)
+    bn.batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta)
+
+    x64, dy64 = channels_last(x).astype(np.float64), channels_last(dy).astype(np.float64)
+    xhat = (x64 - mean[:, None].astype(np.float64)) * invstd[:, None].astype(np.float64)
+    want_dbeta, want_dgamma = dy64.sum(axis=1), (dy64 * xhat).sum(axis=1)
+    m = x64.shape[1]
+    want_dx = gamma[:, None] * invstd[:, None].astype(np.float64) * (
+        dy64 - want_dbeta[:, None] / m - xhat * want_dgamma[:, None] / m)
+    np.testing.assert_allclose(dbeta, want_dbeta, rtol=1e-6)
+    np.testing.assert_allclose(dgamma, want_dgamma, rtol=1e-6, atol=1e-4)
+    np.testing.assert_allclose(channels_last(dx), want_dx, rtol=1e-5, atol=1e-6)
+
 @pytest.mark.cuda
 def test_cuda_matches_cpu():
     rng = np.random.default_rng(4)
