@@ -1,6 +1,6 @@
 """Throughput of the ``cpu`` device's kernels against PyTorch on the CPU, same shapes, same run.
 
-    python scripts/bench_kernels.py [--repeat 5] [--threads N] [--settle 0.3]
+    python scripts/bench_kernels.py [--repeat 5] [--threads N] [--settle 0.3] [--warmup 0.2]
                                     [--only conv gemm pool bn]
 
 Each case is timed as the best of ``--repeat`` runs after a warm-up (which also compiles), with
@@ -25,10 +25,17 @@ GOAL_ALL, GOAL_CONV = 0.5, 1.0
 # library is timed only after the other's threads have gone quiet (measured: PyTorch's conv ran
 # 2-3x slower right after a numpy GEMM than on its own).
 SETTLE_SECONDS = 0.3
+# This machine's cores run about 1.5x slower for the first ~60 ms of work after a second idle
+# (measured: a 0.5 ms convolution took 0.76 ms for ~80 calls, then 0.51 ms). Each case therefore
+# runs for WARMUP_SECONDS before it is timed, so both libraries are measured at full speed.
+WARMUP_SECONDS = 0.2
 
 
-def best(run, repeat: int) -> float:
+def best(run, repeat: int, warmup: float = WARMUP_SECONDS) -> float:
+    began = time.perf_counter()
     run()
+    while time.perf_counter() - began < warmup:
+        run()
     times = []
     for _ in range(repeat):
         began = time.perf_counter()
@@ -148,6 +155,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="default: numba's thread count")
     parser.add_argument("--settle", type=float, default=SETTLE_SECONDS,
                         help="seconds of quiet before each library's timing (see SETTLE_SECONDS)")
+    parser.add_argument("--warmup", type=float, default=WARMUP_SECONDS,
+                        help="seconds each case runs before it is timed (see WARMUP_SECONDS)")
     parser.add_argument("--only", nargs="+", choices=sorted(FAMILIES), default=list(FAMILIES))
     args = parser.parse_args(argv)
     try:
@@ -169,9 +178,9 @@ def main(argv=None) -> int:
     rows, misses = [], []
     for name, is_conv, ours, theirs in tqdm(cases, desc="cases", leave=False):
         time.sleep(args.settle)
-        t_ours = best(ours, args.repeat)
+        t_ours = best(ours, args.repeat, args.warmup)
         time.sleep(args.settle)
-        t_torch = best(theirs, args.repeat)
+        t_torch = best(theirs, args.repeat, args.warmup)
         ratio = t_torch / t_ours
         goal = GOAL_CONV if is_conv else GOAL_ALL
         mark = "" if ratio >= goal else f"  < goal {goal}"

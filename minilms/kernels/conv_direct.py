@@ -31,20 +31,15 @@ Loads past the end feed only lanes that are not stored (the workspace has ``VL``
 Every output is a sum in the same order (channel, then tap), whatever the threads do: results are
 deterministic, and equal to im2col + GEMM up to float32 rounding.
 """
-import llvmlite.binding as llvm_binding
 import numpy as np
-from llvmlite import ir
 from numba import prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .registry import cpu_variant
+from .vector_ir import I64, VL, Vectors
 
-__all__ = ["VL", "lanes", "padded_size", "supports", "conv_forward_direct",
+__all__ = ["VL", "lanes", "layout", "padded_size", "prepare_input", "supports", "conv_forward_direct",
            "transposed_geometry", "input_grad_pays", "conv_input_grad_direct"]
-
-VL = 16 if "avx512f" in llvm_binding.get_host_cpu_features().flatten() else 8
-
 
 @intrinsic
 def _tile(typingctx, block, taps, vl, x, w, bias, offsets, y, channels, x_channel, w_output,
@@ -65,54 +60,33 @@ def _tile(typingctx, block, taps, vl, x, w, bias, offsets, y, channels, x_channe
 
     def codegen(context, builder, signature, args):
         x, w, bias, offsets, y, channels, x_channel, w_output, y_plane, count = args[3:]
-        f32, i64 = ir.FloatType(), ir.IntType(64)
-        vector = ir.VectorType(f32, vl)
-        fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vector, [vector] * 3), f"llvm.fma.v{vl}f32")
-        mask_type = ir.VectorType(ir.IntType(1), vl)
-        masked_store = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [vector, vector.as_pointer(),
-                                                            ir.IntType(32), mask_type]),
-            f"llvm.masked.store.v{vl}f32.p0")
-        x = builder.inttoptr(x, f32.as_pointer())
-        w = builder.inttoptr(w, f32.as_pointer())
-        bias = builder.inttoptr(bias, f32.as_pointer())
-        offsets = builder.inttoptr(offsets, i64.as_pointer())
-        y = builder.inttoptr(y, f32.as_pointer())
-        lanes = ir.Constant(ir.VectorType(ir.IntType(32), vl), [0] * vl)
-
-        def splat(value, kind=vector):
-            one = builder.insert_element(ir.Constant(kind, ir.Undefined), value,
-                                         ir.Constant(ir.IntType(32), 0))
-            return builder.shuffle_vector(one, ir.Constant(kind, ir.Undefined), lanes)
-
-        def constant(n):
-            return ir.Constant(i64, n)
-
-        tap_at = [builder.load(builder.gep(offsets, [constant(t)])) for t in range(taps)]
+        v = Vectors(builder, vl)
+        x, w, bias, y = v.pointer(x), v.pointer(w), v.pointer(bias), v.pointer(y)
+        offsets = v.pointer(offsets, I64)
+        constant = v.constant
+        tap_at = [builder.load(v.at(offsets, constant(t))) for t in range(taps)]
         w_rows = [builder.mul(constant(o), w_output) for o in range(block)]
-        start = [splat(builder.load(builder.gep(bias, [constant(o)]))) for o in range(block)]
+        start = [v.splat(builder.load(v.at(bias, constant(o)))) for o in range(block)]
         entry = builder.block
         loop = builder.append_basic_block("channel")
         done = builder.append_basic_block("channels_done")
         builder.branch(loop)
         builder.position_at_end(loop)
-        c = builder.phi(i64)
+        c = builder.phi(I64)
         c.add_incoming(constant(0), entry)
         acc = []
         for o in range(block):
-            phi = builder.phi(vector)
+            phi = builder.phi(v.type)
             phi.add_incoming(start[o], entry)
             acc.append(phi)
         current = list(acc)
-        x_c = builder.gep(x, [builder.mul(c, x_channel)])
-        w_c = builder.gep(w, [builder.mul(c, constant(taps))])
+        x_c = v.at(x, builder.mul(c, x_channel))
+        w_c = v.at(w, builder.mul(c, constant(taps)))
         for t in range(taps):
-            v = builder.load(builder.bitcast(builder.gep(x_c, [tap_at[t]]), vector.as_pointer()),
-                             align=4)
+            inputs = v.load(v.at(x_c, tap_at[t]))
             for o in range(block):
-                weight = builder.load(builder.gep(w_c, [builder.add(w_rows[o], constant(t))]))
-                current[o] = builder.call(fma, [v, splat(weight), current[o]])
+                weight = builder.load(v.at(w_c, builder.add(w_rows[o], constant(t))))
+                current[o] = v.fma(inputs, v.splat(weight), current[o])
         following = builder.add(c, constant(1))
         tail = builder.block
         c.add_incoming(following, tail)
@@ -120,12 +94,9 @@ def _tile(typingctx, block, taps, vl, x, w, bias, offsets, y, channels, x_channe
             acc[o].add_incoming(current[o], tail)
         builder.cbranch(builder.icmp_signed("<", following, channels), loop, done)
         builder.position_at_end(done)
-        index = ir.Constant(ir.VectorType(i64, vl), list(range(vl)))
-        mask = builder.icmp_signed("<", index, splat(count, ir.VectorType(i64, vl)))
+        mask = v.lanes_below(count)
         for o in range(block):
-            out = builder.bitcast(builder.gep(y, [builder.mul(constant(o), y_plane)]),
-                                  vector.as_pointer())
-            builder.call(masked_store, [current[o], out, ir.Constant(ir.IntType(32), 4), mask])
+            v.masked_store(current[o], v.at(y, builder.mul(constant(o), y_plane)), mask)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -234,8 +205,9 @@ _PAD_SPLIT = {stride: _pad_split_kernel(stride) for stride in (0, 1, 2)}
 _WIDTH_COPIES = _width_copies_kernel()
 
 
-def _layout(x_shape, kernel_size, stride, padding, dilation):
-    """``(flat, vl, xs shape per sample, tap offsets, x_channel, x_row)``. Flat (width copies)
+def layout(x_shape, kernel_size, stride, padding, dilation):
+    """``(flat, vl, xs shape per sample, tap offsets, x_channel, x_row)`` for an input of
+    ``x_shape``: offsets and strides in elements of one sample's prepared input. Flat (width copies)
     where the vertical stride is 1 and rows of ``out_w`` would leave vector lanes empty; else
     rows (padded, phase-split)."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
@@ -261,7 +233,7 @@ def lanes(out_w: int) -> int:
 
 def padded_size(x_shape, kernel_size, stride, padding, dilation) -> int:
     """Float elements of one sample's prepared input (``xs`` or ``xw``)."""
-    return int(np.prod(_layout(x_shape, kernel_size, stride, padding, dilation)[2]))
+    return int(np.prod(layout(x_shape, kernel_size, stride, padding, dilation)[2]))
 
 
 def supports(dtype, groups: int) -> bool:
@@ -272,8 +244,8 @@ def supports(dtype, groups: int) -> bool:
 def conv_forward_direct(x, weight, bias, y, work, chunk, geometry):
     """``y = conv(x, weight) + bias`` (float32, one group), ``chunk`` samples at a time through
     ``work`` (flat float32, at least ``chunk * padded_size(...) + VL`` elements)."""
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
-    flat, vl, per_sample, offsets, x_channel, x_row = _layout(x.shape, *geometry)
+    (kh, kw), (sh, _) = geometry[:2]
+    flat, vl, _, offsets, x_channel, x_row = layout(x.shape, *geometry)
     key = (kh * kw, vl, flat)
     kernel = _KERNELS.get(key)
     if kernel is None:
@@ -282,15 +254,23 @@ def conv_forward_direct(x, weight, bias, y, work, chunk, geometry):
     out = weight.shape[0]
     w = np.ascontiguousarray(weight).reshape(out, -1)
     b = np.zeros(out, np.float32) if bias is None else np.ascontiguousarray(bias)
-    size = int(np.prod(per_sample))
     for n0 in range(0, x.shape[0], chunk):
         n1 = min(x.shape[0], n0 + chunk)
-        xs = work[:(n1 - n0) * size].reshape((n1 - n0,) + per_sample)
-        if flat:
-            _WIDTH_COPIES(x[n0:n1], xs, sw, dw, ph, pw)
-        else:
-            _PAD_SPLIT.get(sw, _PAD_SPLIT[0])(x[n0:n1], xs, sw, ph, pw)
-        kernel(xs.reshape(n1 - n0, size), w, b, offsets, y[n0:n1], sh, x_channel, x_row)
+        xs = prepare_input(x[n0:n1], work, geometry)
+        kernel(xs, w, b, offsets, y[n0:n1], sh, x_channel, x_row)
+
+
+def prepare_input(x, work, geometry):
+    """``x`` copied into the front of ``work`` in the layout of ``layout``; returns that copy as
+    ``[samples, padded_size]``."""
+    _, (_, sw), (ph, pw), (_, dw) = geometry
+    flat, _, per_sample, _, _, _ = layout(x.shape, *geometry)
+    xs = work[:x.shape[0] * int(np.prod(per_sample))].reshape((x.shape[0],) + per_sample)
+    if flat:
+        _WIDTH_COPIES(x, xs, sw, dw, ph, pw)
+    else:
+        _PAD_SPLIT.get(sw, _PAD_SPLIT[0])(x, xs, sw, ph, pw)
+    return xs.reshape(x.shape[0], -1)
 
 
 def transposed_geometry(geometry):

@@ -1,0 +1,94 @@
+"""LLVM vector IR for the ``cpu`` device's register-blocked microkernels (``conv_direct``,
+``conv_weight_grad``), emitted from Numba ``intrinsic`` lowerings.
+
+Numba's own loops neither keep a block of accumulators in registers nor vectorise a loop nest
+whose inner dimension is a handful of taps; these helpers spell out the vector operations
+instead. ``VL`` is the host's float32 vector width: 16 lanes with AVX-512, else 8.
+"""
+import llvmlite.binding as llvm_binding
+from llvmlite import ir
+from numba.core import cgutils
+
+__all__ = ["VL", "F32", "I64", "Vectors"]
+
+VL = 16 if "avx512f" in llvm_binding.get_host_cpu_features().flatten() else 8
+
+F32, I64, I32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
+
+
+class Vectors:
+    """The vector operations on ``vl`` float32 lanes, for one lowering's ``builder``."""
+
+    def __init__(self, builder, vl: int):
+        self.builder, self.vl = builder, vl
+        self.type = ir.VectorType(F32, vl)
+        self.mask_type = ir.VectorType(ir.IntType(1), vl)
+        module = builder.module
+        vector, pointer = self.type, self.type.as_pointer()
+        self._fma = cgutils.get_or_insert_function(
+            module, ir.FunctionType(vector, [vector] * 3), f"llvm.fma.v{vl}f32")
+        self._store = cgutils.get_or_insert_function(
+            module, ir.FunctionType(ir.VoidType(), [vector, pointer, I32, self.mask_type]),
+            f"llvm.masked.store.v{vl}f32.p0")
+        self._load = cgutils.get_or_insert_function(
+            module, ir.FunctionType(vector, [pointer, I32, self.mask_type, vector]),
+            f"llvm.masked.load.v{vl}f32.p0")
+        self.zero = ir.Constant(vector, [0.0] * vl)
+
+    @staticmethod
+    def constant(n: int):
+        return ir.Constant(I64, n)
+
+    def pointer(self, address, kind=F32):
+        """An integer address (what the drivers pass) as a pointer to ``kind``."""
+        return self.builder.inttoptr(address, kind.as_pointer())
+
+    def at(self, base, index):
+        """``&base[index]`` for an element pointer and an ``i64`` index."""
+        return self.builder.gep(base, [index])
+
+    def splat(self, value, kind=None):
+        """``value`` in every lane."""
+        kind = kind or self.type
+        b = self.builder
+        one = b.insert_element(ir.Constant(kind, ir.Undefined), value, ir.Constant(I32, 0))
+        return b.shuffle_vector(one, ir.Constant(kind, ir.Undefined),
+                                ir.Constant(ir.VectorType(I32, self.vl), [0] * self.vl))
+
+    def load(self, element_pointer):
+        """``vl`` consecutive floats from an element pointer (unaligned)."""
+        b = self.builder
+        return b.load(b.bitcast(element_pointer, self.type.as_pointer()), align=4)
+
+    def lanes_below(self, count):
+        """The mask of lanes ``0 .. count - 1`` (``count`` an ``i64``)."""
+        index = ir.Constant(ir.VectorType(I64, self.vl), list(range(self.vl)))
+        return self.builder.icmp_signed("<", index, self.splat(count, ir.VectorType(I64, self.vl)))
+
+    def masked_load(self, element_pointer, mask):
+        """A load whose lanes outside ``mask`` are 0 and read nothing."""
+        b = self.builder
+        return b.call(self._load, [b.bitcast(element_pointer, self.type.as_pointer()),
+                                   ir.Constant(I32, 4), mask, self.zero])
+
+    def masked_store(self, value, element_pointer, mask):
+        b = self.builder
+        b.call(self._store, [value, b.bitcast(element_pointer, self.type.as_pointer()),
+                             ir.Constant(I32, 4), mask])
+
+    def fma(self, a, b, c):
+        """``a * b + c`` lane by lane, one rounding."""
+        return self.builder.call(self._fma, [a, b, c])
+
+    def horizontal_sum(self, value):
+        """The sum of the lanes, as a fixed tree (halves added until one lane is left): the
+        same order every call."""
+        b, width = self.builder, self.vl
+        while width > 1:
+            width //= 2
+            low = b.shuffle_vector(value, value, ir.Constant(ir.VectorType(I32, width),
+                                                             list(range(width))))
+            high = b.shuffle_vector(value, value, ir.Constant(ir.VectorType(I32, width),
+                                                              list(range(width, 2 * width))))
+            value = b.fadd(low, high)
+        return b.extract_element(value, ir.Constant(I32, 0))
