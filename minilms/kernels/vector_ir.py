@@ -65,6 +65,12 @@ class Vectors:
         index = ir.Constant(ir.VectorType(I64, self.vl), list(range(self.vl)))
         return self.builder.icmp_signed("<", index, self.splat(count, ir.VectorType(I64, self.vl)))
 
+    def mask_of_bits(self, bits):
+        """The mask whose lane ``i`` is bit ``i`` of the ``i64`` ``bits``: a mask register
+        loaded from an integer, where ``lanes_below`` needs two vectors of lane indices."""
+        b = self.builder
+        return b.bitcast(b.trunc(bits, ir.IntType(self.vl)), self.mask_type)
+
     def masked_load(self, element_pointer, mask):
         """A load whose lanes outside ``mask`` are 0 and read nothing."""
         b = self.builder

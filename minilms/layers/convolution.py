@@ -16,9 +16,10 @@ gradients: ``dweight_g = sum_n dy_g[n] @ col^T`` (the first sample writes, the o
 ``dbias_g = sum_n dy_g[n] @ ones``, and ``dx[n]`` = col2im of ``weight_g^T @ dy_g[n]`` after ``dx``
 is zeroed (col2im adds).
 
-On the ``cpu`` device a float32 convolution without groups runs its forward, and (stride 1) its
-input gradient, as a direct convolution (``minilms.kernels.conv_direct``) in the same workspace;
-the rest below still holds for everything else (the weight gradient, float64, groups, ``cuda``).
+On the ``cpu`` device a float32 convolution without groups runs its forward, its input gradient
+(stride 1, where it pays) and its weight and bias gradients (kernels larger than 1x1) as direct
+kernels (``minilms.kernels.conv_direct``, ``conv_weight_grad``) in the same workspace; the rest
+below still holds for everything else (float64, groups, 1x1 weight gradients, ``cuda``).
 
 Three ways through, chosen by the workspace (``col``, float elements in the run's dtype, sized in
 ``setup`` from ``max_workspace``, which counts float32 bytes: a float64 run, the gradient checks,
@@ -38,7 +39,7 @@ takes the same elements at twice the bytes):
 import numpy as np
 from numba import cuda
 
-from ..kernels import conv_cpu, conv_direct, cuda_kernel, on_cpu
+from ..kernels import conv_cpu, conv_direct, conv_weight_grad, cuda_kernel, on_cpu
 from ..kernels.elementwise import fill
 from ..kernels.gemm import gemm
 from ..kernels.im2col import col2im, conv_out_size, im2col
@@ -210,13 +211,17 @@ class Convolution(Layer):
         ones = flat[at:at + width] if self.bias else None
         return col, stage, ones
 
+    def _direct_chunk(self, flat, x) -> int:
+        """Samples of ``x`` whose prepared input (``conv_direct.layout``) fits ``flat``."""
+        return min(x.shape[0], (flat.size - conv_direct.VL) // self.direct_per_sample)
+
     def _geometry(self):
         return self.kernel_size, self.stride, self.pad, self.dilation
 
     def forward(self, io):
         x, y = io.bottom[0], io.top[0]
         flat = self._workspace(io, x)
-        direct_chunk = min(x.shape[0], (flat.size - conv_direct.VL) // self.direct_per_sample)
+        direct_chunk = self._direct_chunk(flat, x)
         if on_cpu(x) and conv_direct.supports(x.dtype, self.groups) and direct_chunk >= 1:
             conv_direct.conv_forward_direct(x, io.params["weight"], io.params.get("bias"), y,
                                             flat, direct_chunk, self._geometry())
@@ -256,16 +261,22 @@ class Convolution(Layer):
         flat = self._workspace(io, dy)
         if self.chunk and on_cpu(dy):
             weight = io.params["weight"]
-            direct = dx is not None and self.groups == 1 and \
-                conv_direct.transposed_geometry(self._geometry()) is not None \
-                and conv_direct.supports(dy.dtype, 1) and conv_direct.input_grad_pays(weight.shape)
-            # The direct input gradient first: run after the weight gradient's GEMM, it would
-            # share the cores with OpenBLAS's workers, which spin for a while after a call.
-            if direct:
-                direct = conv_direct.conv_input_grad_direct(dy, weight, dx, flat,
-                                                            self._geometry())
-            if not direct or dweight is not None or dbias is not None:
-                conv_cpu.conv_backward(x, dy, weight, None if direct else dx, dweight, dbias,
+            direct = conv_direct.supports(dy.dtype, self.groups)
+            direct_dx = direct and dx is not None and conv_direct.input_grad_pays(weight.shape) \
+                and conv_direct.transposed_geometry(self._geometry()) is not None
+            # The direct kernels first: run after a GEMM, they would share the cores with
+            # OpenBLAS's workers, which spin for a while after a call.
+            if direct_dx:
+                direct_dx = conv_direct.conv_input_grad_direct(dy, weight, dx, flat,
+                                                               self._geometry())
+            chunk = self._direct_chunk(flat, x)
+            direct_dw = direct and chunk >= 1 and conv_weight_grad.weight_grad_pays(weight.shape)
+            if direct_dw:
+                conv_weight_grad.conv_weight_grad_direct(x, dy, dweight, dbias, flat, chunk,
+                                                         self._geometry())
+                dweight = dbias = None
+            if not direct_dx or dweight is not None or dbias is not None:
+                conv_cpu.conv_backward(x, dy, weight, None if direct_dx else dx, dweight, dbias,
                                        flat, self.chunk, self._geometry())
             return
         n_samples, rows, staged = dy.shape[0], self.band_rows, self.staged

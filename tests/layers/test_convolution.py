@@ -200,9 +200,10 @@ DIRECT_CASES["16 channels"] = (dict(num_output=5, pad=1), (2, 16, 5, 6))   # a d
 @pytest.mark.parametrize("name", DIRECT_CASES)
 def test_float32_cpu_takes_the_direct_path(name, monkeypatch):
     """float32 without groups: the forward is the direct convolution (im2col + GEMM would fail
-    here), and so is the input gradient wherever the stride is 1 and it pays; both match float64
-    references (the naive loops; the float64 layer's input gradient)."""
-    from minilms.kernels import conv_cpu, conv_direct
+    here), and so is the input gradient wherever the stride is 1 and it pays, and the weight and
+    bias gradients wherever the kernel is larger than 1x1; all match float64 references (the
+    naive loops; the float64 layer's gradients)."""
+    from minilms.kernels import conv_cpu, conv_direct, conv_weight_grad
     options, shape = DIRECT_CASES[name]
     layer = conv(**options)
     rng = np.random.default_rng(6)
@@ -215,9 +216,12 @@ def test_float32_cpu_takes_the_direct_path(name, monkeypatch):
         params["weight"].shape)
     real_backward = conv_cpu.conv_backward
 
-    def no_im2col_input_grad(x_, dy_, weight, dx, *rest):
+    im2col_dw = not conv_weight_grad.weight_grad_pays(params["weight"].shape)
+
+    def no_im2col_input_grad(x_, dy_, weight, dx, dweight, dbias, *rest):
         assert dx is None or im2col_dx, "the input gradient should have been direct"
-        return real_backward(x_, dy_, weight, dx, *rest)
+        assert (dweight is None and dbias is None) or im2col_dw, "dweight should have been direct"
+        return real_backward(x_, dy_, weight, dx, dweight, dbias, *rest)
     monkeypatch.setattr(conv_cpu, "conv_forward", None)
     monkeypatch.setattr(conv_cpu, "conv_backward", no_im2col_input_grad)
     p32 = {k: v.astype(np.float32) for k, v in params.items()}

@@ -1,0 +1,227 @@
+"""The weight and bias gradients of a convolution on the ``cpu`` device, direct, float32.
+
+im2col + GEMM computes ``dweight = dy [out, P] @ col^T [P, K]`` with a short ``out`` and a col
+``kh * kw`` times the input: most of its time goes to writing and streaming col (measured: 2.1 ms
+of a 2.5 ms backward on a small ResNet layer). Here the input is prepared once, as for the direct
+forward (``conv_direct.layout``: every tap's inputs for ``VL`` consecutive outputs are
+consecutive), and each weight's gradient is a dot product over the output positions::
+
+    dweight[o, c, t] = sum over n, output positions p of dy[n, o, p] * xs[n, c, tap t of p]
+    dbias[o]         = sum over n, p of dy[n, o, p]
+
+The microkernel (``_weight_tile``) keeps ``block x taps`` vector accumulators in registers: per
+``VL`` output positions it loads ``block`` vectors of ``dy`` and one vector of input per tap, each
+used ``block`` times (``block`` is chosen so that accumulators, ``dy`` and one input fit the 32
+vector registers of AVX-512). Row ends are masked loads: lanes past a row read nothing and add 0.
+The lanes are added up in a fixed tree at the end, and each task owns its weights (one input
+channel, a block of outputs, a group of taps), so results are the same whatever the threads do.
+"""
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from .conv_direct import VL, layout, prepare_input
+from .registry import cpu_variant
+from .vector_ir import I64, Vectors
+
+__all__ = ["weight_grad_pays", "conv_weight_grad_direct", "bias_grad"]
+
+REGISTERS = 32    # AVX-512's vector registers (AVX2 has 16: the blocks then spill a little)
+
+
+@intrinsic
+def _weight_tile(typingctx, block, rows, cols, vl, x, dy, row_step, columns, positions,
+                 position_count, samples, x_sample, dy_sample, dy_plane, dw, w_output,
+                 accumulate):
+    """``dw[o * w_output + t] (+)= sum over samples and positions of dy . x`` for ``block``
+    outputs and the ``rows x cols`` taps of ``rows`` kernel rows (integer literals). Tap ``(i,
+    j)`` reads ``x + i * row_step + columns[j]``: ``rows + cols`` integer registers address all
+    taps, where a table of ``rows * cols`` offsets would spill. Addresses as integers, strides in
+    elements: ``x`` at one channel's prepared input of sample 0 at the group's first kernel row,
+    ``dy`` at ``dy[0, o0, 0]``, ``columns`` at ``cols`` int64 offsets, ``positions`` at
+    ``position_count`` int64 triples ``(x offset, dy offset, lane mask bits)``, ``dw`` at ``dweight[o0,
+    c, t0]``. ``accumulate`` 0 overwrites ``dw``."""
+    if not all(isinstance(t, types.IntegerLiteral) for t in (block, rows, cols, vl)):
+        return None
+    sig = types.void(block, rows, cols, vl, *([types.intp] * 13))
+    block, rows, cols, vl = (t.literal_value for t in (block, rows, cols, vl))
+    taps = rows * cols
+
+    def codegen(context, builder, signature, args):
+        (x, dy, row_step, columns, positions, position_count, samples, x_sample, dy_sample,
+         dy_plane, dw, w_output, accumulate) = args[4:]
+        v = Vectors(builder, vl)
+        x, dy, dw = v.pointer(x), v.pointer(dy), v.pointer(dw)
+        columns, positions = v.pointer(columns, I64), v.pointer(positions, I64)
+        constant = v.constant
+        column_at = [builder.load(v.at(columns, constant(j))) for j in range(cols)]
+        dy_rows = [builder.mul(constant(o), dy_plane) for o in range(block)]
+        accumulators = block * taps
+
+        def loop_header(name, start_block, starts):
+            loop = builder.append_basic_block(name)
+            builder.branch(loop)
+            builder.position_at_end(loop)
+            counter = builder.phi(I64)
+            counter.add_incoming(constant(0), start_block)
+            phis = []
+            for start in starts:
+                phis.append(builder.phi(v.type))
+                phis[-1].add_incoming(start, start_block)
+            return loop, counter, phis
+
+        entry = builder.block
+        sample_loop, n, sample_acc = loop_header("sample", entry, [v.zero] * accumulators)
+        x_n = v.at(x, builder.mul(n, x_sample))
+        dy_n = v.at(dy, builder.mul(n, dy_sample))
+        position_loop, k, acc = loop_header("position", sample_loop, sample_acc)
+        triple = v.at(positions, builder.mul(k, constant(3)))
+        x_here = v.at(x_n, builder.load(triple))
+        dy_here = v.at(dy_n, builder.load(v.at(triple, constant(1))))
+        mask = v.mask_of_bits(builder.load(v.at(triple, constant(2))))
+        grads = [v.masked_load(v.at(dy_here, dy_rows[o]), mask) for o in range(block)]
+        current = list(acc)
+        for i in range(rows):
+            row = v.at(x_here, builder.mul(constant(i), row_step))
+            for j in range(cols):
+                inputs = v.masked_load(v.at(row, column_at[j]), mask)
+                for o in range(block):
+                    t = o * taps + i * cols + j
+                    current[t] = v.fma(grads[o], inputs, current[t])
+        next_k = builder.add(k, constant(1))
+        k.add_incoming(next_k, builder.block)
+        for phi, value in zip(acc, current):
+            phi.add_incoming(value, builder.block)
+        positions_done = builder.append_basic_block("positions_done")
+        builder.cbranch(builder.icmp_signed("<", next_k, position_count), position_loop,
+                        positions_done)
+        builder.position_at_end(positions_done)
+        next_n = builder.add(n, constant(1))
+        n.add_incoming(next_n, positions_done)
+        for phi, value in zip(sample_acc, current):
+            phi.add_incoming(value, positions_done)
+        done = builder.append_basic_block("samples_done")
+        builder.cbranch(builder.icmp_signed("<", next_n, samples), sample_loop, done)
+        builder.position_at_end(done)
+        adding = builder.icmp_signed("!=", accumulate, constant(0))
+        for o in range(block):
+            row = builder.mul(constant(o), w_output)
+            for t in range(taps):
+                where = v.at(dw, builder.add(row, constant(t)))
+                total = v.horizontal_sum(current[o * taps + t])
+                builder.store(builder.select(adding, builder.fadd(builder.load(where), total),
+                                             total), where)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _group_rows(kernel_size) -> int:
+    """Kernel rows a call handles: all of them up to 3x3, else one (5x5: 5 taps, 7x7: 7)."""
+    return kernel_size[0] if kernel_size[0] * kernel_size[1] <= 9 else 1
+
+
+def _block(taps: int) -> int:
+    """Outputs a call handles: ``block * taps`` accumulators, ``block`` vectors of ``dy`` and
+    one input vector in the registers, at most 4 (3x3: 3, 5x5 rows: 4, 7x7 rows: 3)."""
+    return max(1, min(4, (REGISTERS - 1) // (taps + 1)))
+
+
+def _weight_grad_kernel(kh: int, kw: int, rows: int, block: int, vl: int):
+    taps, groups = kh * kw, kh // rows
+
+    def weight_grad(xs, dy, row_step, columns, positions, dw, x_channel, accumulate):
+        """``xs [samples, size]`` prepared input, ``dy [samples, out, plane]``, ``dw [out, C *
+        taps]``: each task one input channel, ``block`` outputs (fewer at the end) and ``rows``
+        kernel rows."""
+        samples, out, plane = dy.shape
+        channels = dw.shape[1] // taps
+        w_output, blocks = dw.shape[1], (out + block - 1) // block
+        xa, da, ca, pa, wa = (xs.ctypes.data, dy.ctypes.data, columns.ctypes.data,
+                              positions.ctypes.data, dw.ctypes.data)
+        count = positions.shape[0]
+        for task in prange(channels * blocks * groups):
+            c, rest = task // (blocks * groups), task % (blocks * groups)
+            o0, i0 = (rest // groups) * block, (rest % groups) * rows
+            x_at, t0 = xa + 4 * (c * x_channel + i0 * row_step), i0 * kw
+            left = out - o0
+            if left >= block:
+                _weight_tile(block, rows, kw, vl, x_at, da + 4 * o0 * plane, row_step, ca, pa,
+                             count, samples, xs.shape[1], out * plane, plane,
+                             wa + 4 * (o0 * w_output + c * taps + t0), w_output, accumulate)
+                left = 0
+            while left > 0:     # the last block's remainder, 2 or 1 outputs a call
+                if left >= 2:
+                    _weight_tile(2, rows, kw, vl, x_at, da + 4 * o0 * plane, row_step, ca, pa,
+                                 count, samples, xs.shape[1], out * plane, plane,
+                                 wa + 4 * (o0 * w_output + c * taps + t0), w_output, accumulate)
+                    o0, left = o0 + 2, left - 2
+                else:
+                    _weight_tile(1, rows, kw, vl, x_at, da + 4 * o0 * plane, row_step, ca, pa,
+                                 count, samples, xs.shape[1], out * plane, plane,
+                                 wa + 4 * (o0 * w_output + c * taps + t0), w_output, accumulate)
+                    o0, left = o0 + 1, left - 1
+    return cpu_variant(weight_grad, f"k{kh}x{kw}_rows{rows}_block{block}_vl{vl}", True)
+
+
+_KERNELS: dict = {}
+
+
+def _positions(geometry, x_shape, out_h, out_w):
+    """``(positions, row_step, columns, x_channel)``: the ``(x offset, dy offset, lane bits)`` of each
+    vector of output positions of one sample, in the order the forward takes them, and tap ``(i,
+    j)``'s offset as ``i * row_step + columns[j]`` (``layout``'s offsets, factored)."""
+    flat, vl, _, offsets, x_channel, x_row = layout(x_shape, *geometry)
+    sh, kw = geometry[1][0], geometry[0][1]
+    if flat:
+        table = [(p, p, (1 << min(vl, out_h * out_w - p)) - 1)
+                 for p in range(0, out_h * out_w, vl)]
+    else:
+        table = [(oh * sh * x_row + ow0, oh * out_w + ow0, (1 << min(vl, out_w - ow0)) - 1)
+                 for oh in range(out_h) for ow0 in range(0, out_w, vl)]
+    row_step = offsets[kw] - offsets[0] if len(offsets) > kw else 0
+    return (np.array(table, np.int64).reshape(-1, 3), row_step,
+            np.array(offsets[:kw], np.int64), x_channel, vl)
+
+
+def weight_grad_pays(weight_shape) -> bool:
+    """Measured (``scripts/bench_kernels.py``): direct beats im2col + GEMM wherever the taps are
+    more than one; a 1x1 convolution's col is its input, and its GEMM has nothing to save."""
+    return weight_shape[2] * weight_shape[3] > 1
+
+
+@njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def bias_grad(dy, dbias):
+    """``dbias[o] = sum over n, p of dy[n, o, p]`` for ``dy [N, out, P]``, float64 sums over
+    vector lanes."""
+    samples, out, plane = dy.shape
+    for o in prange(out):
+        total = 0.0
+        for n in range(samples):
+            row = dy[n, o]
+            for p in range(plane):
+                total += row[p]
+        dbias[o] = total
+
+
+def conv_weight_grad_direct(x, dy, dweight, dbias, work, chunk, geometry) -> None:
+    """``dweight`` and ``dbias`` (each overwritten, either may be None) of a float32 convolution
+    without groups, ``chunk`` samples at a time through ``work`` (as ``conv_forward_direct``)."""
+    samples, out, out_h, out_w = dy.shape
+    dy3 = dy.reshape(samples, out, out_h * out_w)
+    if dbias is not None:
+        bias_grad(dy3, dbias)
+    if dweight is None:
+        return
+    (kh, kw) = geometry[0]
+    positions, row_step, columns, x_channel, vl = _positions(geometry, x.shape, out_h, out_w)
+    rows = _group_rows((kh, kw))
+    key = (kh, kw, rows, _block(rows * kw), vl)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        kernel = _KERNELS[key] = _weight_grad_kernel(*key)
+    dw = dweight.reshape(out, -1)
+    for n0 in range(0, samples, chunk):
+        n1 = min(samples, n0 + chunk)
+        xs = prepare_input(x[n0:n1], work, geometry)
+        kernel(xs, dy3[n0:n1], row_step, columns, positions, dw, x_channel, int(n0 > 0))
