@@ -94,15 +94,15 @@ def grid_1d(n: int, threads: int = THREADS_1D) -> tuple[int, int]:
     return max(1, (n + threads - 1) // threads), threads
 
 
-def cpu_variant(fn, variant: str, parallel: bool):
+def cpu_variant(fn, variant: str, parallel: bool, **options):
     """``fn`` compiled for the cpu with ``njit(parallel=..., cache=True, nogil=True)`` under a
     name of its own, ``<name>_<variant>``. Numba's disk cache knows a function by its qualified
     name and file: two compilations of one function (serial and parallel, or closures over
     different constants) would load each other's machine code from it. Renamed, each variant is
-    cached apart, and a warm start compiles nothing."""
+    cached apart, and a warm start compiles nothing. ``options`` go to ``njit`` (``fastmath``)."""
     import types
     copy = types.FunctionType(fn.__code__, fn.__globals__, f"{fn.__name__}_{variant}",
                               fn.__defaults__, fn.__closure__)
     copy.__qualname__ = f"{fn.__qualname__}_{variant}".replace("<locals>.", "")
     copy.__module__ = fn.__module__
-    return njit(parallel=parallel, cache=True, nogil=True)(copy)
+    return njit(parallel=parallel, cache=True, nogil=True, **options)(copy)

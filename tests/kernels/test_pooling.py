@@ -141,16 +141,22 @@ def test_backward_against_numerical_gradient(h, w, k, s, p, ceil):
         np.testing.assert_allclose(dx, numerical_grad(avg_fwd, x, dy), atol=1e-7)
 
 
-def test_global_avg_pool_cpu():
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (4, 64, 64, 64)])   # serial, then parallel
+def test_global_avg_pool_cpu(shape):
     rng = np.random.default_rng(8)
-    x = rng.standard_normal((2, 3, 4, 5))
-    y = np.empty((2, 3, 1, 1))
+    x = rng.standard_normal(shape)
+    assert (x.size >= pl.GLOBAL_PARALLEL_MIN) == (shape[0] == 4)
+    y = np.empty(shape[:2] + (1, 1))
     pl.global_avg_pool_forward(x, y)
-    np.testing.assert_allclose(y[:, :, 0, 0], x.mean(axis=(2, 3)), rtol=1e-12)
-    dy = rng.standard_normal((2, 3))
+    np.testing.assert_allclose(y[:, :, 0, 0], x.mean(axis=(2, 3)), rtol=1e-12, atol=1e-15)
+    y32 = np.empty(y.shape, np.float32)
+    pl.global_avg_pool_forward(x.astype(np.float32), y32)
+    np.testing.assert_allclose(y32, y, rtol=1e-5, atol=1e-6)
+    dy = rng.standard_normal(shape[:2])
     dx = np.empty_like(x)
     pl.global_avg_pool_backward(dy, dx)
-    np.testing.assert_allclose(dx, np.broadcast_to(dy[:, :, None, None] / 20, x.shape), rtol=1e-12)
+    want = np.broadcast_to(dy[:, :, None, None] / (shape[2] * shape[3]), x.shape)
+    np.testing.assert_allclose(dx, want, rtol=1e-12)
 
 
 @pytest.mark.cuda
