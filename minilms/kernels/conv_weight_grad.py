@@ -16,6 +16,8 @@ vector registers of AVX-512). Row ends are masked loads: lanes past a row read n
 The lanes are added up in a fixed tree at the end, and each task owns its weights (one input
 channel, a block of outputs, a group of taps), so results are the same whatever the threads do.
 """
+from functools import lru_cache
+
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
@@ -167,6 +169,7 @@ def _weight_grad_kernel(kh: int, kw: int, rows: int, block: int, vl: int):
 _KERNELS: dict = {}
 
 
+@lru_cache(maxsize=64)   # built in Python: once per layer shape, not on every backward
 def _positions(geometry, x_shape, out_h, out_w):
     """``(positions, row_step, columns, x_channel)``: the ``(x offset, dy offset, lane bits)`` of each
     vector of output positions of one sample, in the order the forward takes them, and tap ``(i,
@@ -219,7 +222,8 @@ def conv_weight_grad_direct(x, dy, dweight, dbias, work, chunk, geometry) -> Non
     if dweight is None:
         return
     (kh, kw) = geometry[0]
-    positions, row_step, columns, x_channel, vl = _positions(geometry, x.shape, out_h, out_w)
+    positions, row_step, columns, x_channel, vl = _positions(tuple(map(tuple, geometry)), x.shape,
+                                                             out_h, out_w)
     rows = _group_rows((kh, kw))
     key = (kh, kw, rows, _block(rows * kw), vl)
     kernel = _KERNELS.get(key)
