@@ -194,8 +194,7 @@ def weight_grad_pays(weight_shape) -> bool:
     against 3.8 ms), whose input gradient is a GEMM too: that GEMM's col is long and efficient,
     and the direct kernel runs while OpenBLAS's threads still spin from it. A 1x1 convolution's
     col is its input, and its GEMM has nothing to save."""
-    taps = weight_shape[2] * weight_shape[3]
-    return taps > 1 and (taps <= 9 or weight_shape[1] == 1)
+    return weight_shape[2] * weight_shape[3] > 1
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})

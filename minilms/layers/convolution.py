@@ -39,7 +39,8 @@ takes the same elements at twice the bytes):
 import numpy as np
 from numba import cuda
 
-from ..kernels import conv_cpu, conv_direct, conv_weight_grad, cuda_kernel, on_cpu
+from ..kernels import (conv_cpu, conv_direct, conv_input_grad, conv_weight_grad, cuda_kernel,
+                       on_cpu)
 from ..kernels.elementwise import fill
 from ..kernels.gemm import gemm
 from ..kernels.im2col import col2im, conv_out_size, im2col
@@ -147,6 +148,13 @@ class Convolution(Layer):
                 (n, self.num_output, out_h, out_w), *transposed)
             self.elements = max(self.elements, conv_direct.VL + self.chunk * max(
                 self.direct_per_sample, dy_sample))
+            # dy with samples in lanes, a whole number of vectors of them, within max_workspace
+            lanes = -(-self.chunk // conv_direct.VL) * conv_direct.VL * self.num_output * out_h \
+                * out_w
+            if lanes * 4 <= self.max_workspace and conv_input_grad.sample_lanes_pay(
+                    (n, self.num_output, out_h, out_w),
+                    (self.num_output, self.in_group) + self.kernel_size, self._geometry()):
+                self.elements = max(self.elements, lanes)
         return [(n, self.num_output, out_h, out_w)]
 
     def _size_workspace(self, shape):
@@ -269,6 +277,10 @@ class Convolution(Layer):
             if direct_dx:
                 direct_dx = conv_direct.conv_input_grad_direct(dy, weight, dx, flat,
                                                                self._geometry())
+            elif direct and dx is not None and conv_input_grad.sample_lanes_pay(
+                    dy.shape, weight.shape, self._geometry()):
+                direct_dx = conv_input_grad.conv_input_grad_lanes(dy, weight, dx, flat,
+                                                                  self._geometry())
             chunk = self._direct_chunk(flat, x)
             direct_dw = direct and chunk >= 1 and conv_weight_grad.weight_grad_pays(weight.shape)
             if direct_dw:

@@ -106,5 +106,5 @@ def test_register_blocks_fit_and_one_by_one_declines():
     assert conv_weight_grad._group_rows((3, 3)) == 3 and conv_weight_grad._group_rows((5, 5)) == 1
     assert conv_weight_grad.weight_grad_pays((16, 16, 3, 3))
     assert conv_weight_grad.weight_grad_pays((20, 1, 5, 5))          # LeNet conv1
-    assert not conv_weight_grad.weight_grad_pays((50, 20, 5, 5))     # LeNet conv2
+    assert conv_weight_grad.weight_grad_pays((50, 20, 5, 5))         # LeNet conv2
     assert not conv_weight_grad.weight_grad_pays((64, 16, 1, 1))

@@ -195,15 +195,17 @@ def test_banded_path_equals_whole_image_path(kind, case, batch):
 
 DIRECT_CASES = {name: VARIANTS[name] for name in VARIANTS if name not in ("groups", "banded")}
 DIRECT_CASES["16 channels"] = (dict(num_output=5, pad=1), (2, 16, 5, 6))   # a direct input grad
+# Samples in vector lanes: a strided input gradient, half a vector of samples or more.
+DIRECT_CASES["stride 2, 16 channels"] = (dict(num_output=3, stride=2, pad=1), (9, 16, 5, 6))
 
 
 @pytest.mark.parametrize("name", DIRECT_CASES)
 def test_float32_cpu_takes_the_direct_path(name, monkeypatch):
     """float32 without groups: the forward is the direct convolution (im2col + GEMM would fail
-    here), and so is the input gradient wherever the stride is 1 and it pays, and the weight and
-    bias gradients wherever the kernel is larger than 1x1; all match float64 references (the
+    here), and so is the input gradient wherever it pays (stride 1, or samples in lanes), and
+    the weight and bias gradients wherever the kernel is larger than 1x1; all match float64 references (the
     naive loops; the float64 layer's gradients)."""
-    from minilms.kernels import conv_cpu, conv_direct, conv_weight_grad
+    from minilms.kernels import conv_cpu, conv_direct, conv_input_grad, conv_weight_grad
     options, shape = DIRECT_CASES[name]
     layer = conv(**options)
     rng = np.random.default_rng(6)
@@ -212,8 +214,9 @@ def test_float32_cpu_takes_the_direct_path(name, monkeypatch):
     params = {"weight": rng.standard_normal(layer.params()[0].shape), **random_bias(layer, rng)}
     dy = rng.standard_normal(layer.top_shapes[0])
     _, dx64, grads64 = forward_backward("cpu", conv(**options), x, dy, params)
-    im2col_dx = layer.stride != (1, 1) or not conv_direct.input_grad_pays(
-        params["weight"].shape)
+    im2col_dx = (layer.stride != (1, 1) or not conv_direct.input_grad_pays(
+        params["weight"].shape)) and not conv_input_grad.sample_lanes_pay(
+        layer.top_shapes[0], params["weight"].shape, layer._geometry())
     real_backward = conv_cpu.conv_backward
 
     im2col_dw = not conv_weight_grad.weight_grad_pays(params["weight"].shape)

@@ -1,0 +1,216 @@
+"""The input gradient of a convolution on the ``cpu`` device with samples in the vector lanes.
+
+The transposed convolution of ``conv_direct`` puts output positions in the lanes. Where most of
+what it reads is padding, that wastes the vector: LeNet conv2's 5x5 kernel on an 8x8 ``dy`` pads
+it by 4 on each side (56% of the products are with zeros), and a stride of 2 would need ``dy``
+dilated by zeros (3 of 4). col2im instead goes through a ``kh * kw`` times larger buffer and a
+GEMM whose OpenBLAS threads keep spinning after it. Here ``VL`` samples ride in the lanes, and
+every element of ``dx`` sums exactly its valid taps, for any stride, padding and dilation::
+
+    dx[n, c, h, w] = sum over (i, oh) in rows(h), (j, ow) in cols(w), o of
+                     weight[o, c, i, j] * dy[n, o, oh, ow]
+    rows(h) = {(i, oh): oh * sh - ph + i * dh = h, 0 <= oh < OH}      (cols(w) alike)
+
+``dy`` is first copied, a chunk of samples at a time, to ``dyT[oh * OW + ow, o, n]`` (zero past the
+batch; ``o`` before ``n`` so that the loop over ``o`` reads consecutive memory: with ``o`` outermost,
+its stride of a plane maps every load to one cache set), the weights to ``wT[i * kw + j, o, c]``. For one position ``(h, w)`` and ``VL`` samples,
+the microkernel (``_sample_tile``) keeps ``block`` channels' accumulators in registers and loops
+over the position's valid taps and then ``o``: one vector load of ``dyT``, ``block`` FMAs with
+broadcast weights. Each lane is one sample: a row of ``dx`` is stored as ``[W, C, VL]`` in a
+buffer of the task's own and then transposed into place (scattered straight into ``dx``, lanes
+``C * H * W`` apart, every store of a row hit one cache set: measured 8x slower). Every sum runs in the same order whatever the threads do: deterministic.
+"""
+from functools import lru_cache
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from .registry import cpu_variant
+from .vector_ir import I64, VL, Vectors
+
+__all__ = ["valid_taps", "sample_lanes_pay", "conv_input_grad_lanes"]
+
+BLOCK = 16        # channels a call: 16 accumulators, one dy vector and room to spare (32 zmm)
+
+
+@intrinsic
+def _sample_tile(typingctx, block, vl, dy, w, pairs, count, outputs, dy_output, w_output, out):
+    """``out[b, l] = sum over count pairs k, o of dyT[., o, n0 + l] wT[., o, c0 + b]`` for ``b <
+    block`` and all ``vl`` lanes (``block``, ``vl`` integer literals): addresses as integers,
+    strides in elements. ``pairs`` points at ``count >= 1`` int64 pairs ``(dyT offset, wT
+    offset)`` of the position's valid taps; ``dy`` at ``dyT[0, 0, n0]``, ``w`` at ``wT[0, 0,
+    c0]``, ``out`` at ``block`` rows of ``vl`` floats; ``outputs >= 1``."""
+    if not all(isinstance(t, types.IntegerLiteral) for t in (block, vl)):
+        return None
+    sig = types.void(block, vl, *([types.intp] * 8))
+    block, vl = block.literal_value, vl.literal_value
+
+    def codegen(context, builder, signature, args):
+        dy, w, pairs, count, outputs, dy_output, w_output, out = args[2:]
+        v = Vectors(builder, vl)
+        dy, w, pairs, out = v.pointer(dy), v.pointer(w), v.pointer(pairs, I64), v.pointer(out)
+        constant = v.constant
+
+        def loop(name, starts):
+            """A loop counting from 0 whose accumulators start at ``starts``: the counter and
+            the accumulators' phis, positioned inside."""
+            before = builder.block
+            body = builder.append_basic_block(name)
+            builder.branch(body)
+            builder.position_at_end(body)
+            counter = builder.phi(I64)
+            counter.add_incoming(constant(0), before)
+            phis = []
+            for start in starts:
+                phis.append(builder.phi(v.type))
+                phis[-1].add_incoming(start, before)
+            return body, counter, phis
+
+        def close(body, counter, phis, values, limit, name):
+            """Back to ``body`` with ``values`` while ``counter + 1 < limit``."""
+            following = builder.add(counter, constant(1))
+            counter.add_incoming(following, builder.block)
+            for phi, value in zip(phis, values):
+                phi.add_incoming(value, builder.block)
+            after = builder.append_basic_block(name)
+            builder.cbranch(builder.icmp_signed("<", following, limit), body, after)
+            builder.position_at_end(after)
+
+        tap_body, k, tap_acc = loop("tap", [v.zero] * block)
+        pair = v.at(pairs, builder.mul(k, constant(2)))
+        dy_k = v.at(dy, builder.load(pair))
+        w_k = v.at(w, builder.load(v.at(pair, constant(1))))
+        output_body, o, acc = loop("output", tap_acc)
+        inputs = v.load(v.at(dy_k, builder.mul(o, dy_output)))
+        w_o = v.at(w_k, builder.mul(o, w_output))
+        current = [v.fma(inputs, v.splat(builder.load(v.at(w_o, constant(b)))), acc[b])
+                   for b in range(block)]
+        close(output_body, o, acc, current, outputs, "outputs_done")
+        close(tap_body, k, tap_acc, current, count, "taps_done")
+        every = v.lanes_below(constant(vl))
+        for b in range(block):
+            v.masked_store(current[b], v.at(out, constant(b * vl)), every)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _lanes_kernel(block: int, rest: int, vl: int):
+    """The driver for ``C = q * block + rest`` channels (``block``, ``rest``: literals)."""
+    def input_grad_lanes(dyT, wT, dx, row_taps, row_start, col_taps, col_start, out_w, kw):
+        samples, channels, height, width = dx.shape
+        plane, outputs, lanes_total = dyT.shape
+        groups = (samples + vl - 1) // vl
+        most = (row_start[1:] - row_start[:-1]).max() * (col_start[1:] - col_start[:-1]).max()
+        da, wa = dyT.ctypes.data, wT.ctypes.data
+        for task in prange(groups * height):
+            g, h = task // height, task % height
+            pairs = np.empty(2 * max(most, 1), np.int64)
+            row = np.empty((width, channels, vl), np.float32)
+            pa, ra = pairs.ctypes.data, row.ctypes.data
+            for x in range(width):
+                count = 0
+                for a in range(row_start[h], row_start[h + 1]):
+                    i, oh = row_taps[a, 0], row_taps[a, 1]
+                    for b in range(col_start[x], col_start[x + 1]):
+                        j, ow = col_taps[b, 0], col_taps[b, 1]
+                        pairs[2 * count] = (oh * out_w + ow) * outputs * lanes_total
+                        pairs[2 * count + 1] = (i * kw + j) * outputs * channels
+                        count += 1
+                if count == 0:      # no tap reaches this position (stride > kernel reach)
+                    row[x] = 0
+                    continue
+                dy_at, out_at = da + 4 * g * vl, ra + 4 * x * channels * vl
+                c0 = 0
+                while c0 + block <= channels:
+                    _sample_tile(block, vl, dy_at, wa + 4 * c0, pa, count, outputs,
+                                 lanes_total, channels, out_at + 4 * c0 * vl)
+                    c0 += block
+                if rest:
+                    _sample_tile(rest, vl, dy_at, wa + 4 * c0, pa, count, outputs,
+                                 lanes_total, channels, out_at + 4 * c0 * vl)
+            for lane in range(min(vl, samples - g * vl)):
+                for c in range(channels):
+                    target = dx[g * vl + lane, c, h]
+                    for x in range(width):
+                        target[x] = row[x, c, lane]
+    return cpu_variant(input_grad_lanes, f"block{block}_rest{rest}_vl{vl}", True)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _samples_last(dy, dyT):
+    """``dyT[p, o, n] = dy[n, o, p]``, 0 for ``n`` past ``dy``'s samples."""
+    samples = dy.shape[0]
+    plane, outputs, lanes_total = dyT.shape
+    # Sixteen positions a task, gathered in a buffer of the task's own and written out as whole
+    # rows: written straight, sixteen rows of dyT a plane apart (a power of two, often) would
+    # share one cache set (measured: 2-5x slower).
+    per = (plane + 15) // 16
+    for task in prange(outputs * per):
+        o, p0 = task // per, (task % per) * 16
+        p1 = min(plane, p0 + 16)
+        tile = np.zeros((16, lanes_total), np.float32)
+        for n in range(samples):
+            source = dy[n, o]
+            for p in range(p0, p1):
+                tile[p - p0, n] = source[p]
+        for p in range(p0, p1):
+            row, target = tile[p - p0], dyT[p, o]
+            for n in range(lanes_total):
+                target[n] = row[n]
+
+
+@lru_cache(maxsize=256)
+def valid_taps(size: int, out_size: int, k: int, stride: int, pad: int, dilation: int):
+    """``(taps, start)``: input index ``h`` is reached by the pairs ``taps[start[h]:start[h + 1]]``
+    of ``(kernel index i, output index oh)`` with ``oh * stride - pad + i * dilation = h``."""
+    taps, start = [], [0]
+    for h in range(size):
+        for i in range(k):
+            reach = h + pad - i * dilation
+            if reach % stride == 0 and 0 <= reach // stride < out_size:
+                taps.append((i, reach // stride))
+        start.append(len(taps))
+    return np.array(taps, np.int64).reshape(-1, 2), np.array(start, np.int64)
+
+
+def sample_lanes_pay(dy_shape, weight_shape, geometry) -> bool:
+    """Where samples in lanes beat the other input gradients (measured, ``bench_kernels.py``):
+    strides above 1 and kernels above 3x3, when the batch fills at least half of each vector."""
+    samples = dy_shape[0]
+    kernel_size, stride = geometry[0], geometry[1]
+    lanes_used = samples / (-(-samples // VL) * VL)
+    return lanes_used >= 0.5 and weight_shape[1] >= 16 and (
+        stride != (1, 1) or kernel_size[0] * kernel_size[1] > 9)
+
+
+_KERNELS: dict = {}
+
+
+def conv_input_grad_lanes(dy, weight, dx, work, geometry) -> bool:
+    """``dx`` (overwritten) for float32 ``dy``, ``weight`` without groups, through ``work`` (flat
+    float32); False, with nothing written, where ``work`` holds less than ``VL`` samples of
+    ``dyT``."""
+    samples, outputs, out_h, out_w = dy.shape
+    channels, height, width = dx.shape[1:]
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
+    per_sample = outputs * out_h * out_w
+    chunk = min(-(-samples // VL) * VL, work.size // per_sample // VL * VL)
+    if chunk < VL:
+        return False
+    block = min(channels, BLOCK)
+    key = (block, channels % block, VL)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        kernel = _KERNELS[key] = _lanes_kernel(*key)
+    row_taps, row_start = valid_taps(height, out_h, kh, sh, ph, dh)
+    col_taps, col_start = valid_taps(width, out_w, kw, sw, pw, dw)
+    wT = np.ascontiguousarray(weight.transpose(2, 3, 0, 1)).reshape(kh * kw, outputs, channels)
+    dy3 = dy.reshape(samples, outputs, out_h * out_w)
+    for n0 in range(0, samples, chunk):
+        n1 = min(samples, n0 + chunk)
+        dyT = work[:outputs * out_h * out_w * chunk].reshape(out_h * out_w, outputs, chunk)
+        _samples_last(dy3[n0:n1], dyT)
+        kernel(dyT, wT, dx[n0:n1], row_taps, row_start, col_taps, col_start, out_w, kw)
+    return True

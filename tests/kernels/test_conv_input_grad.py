@@ -1,0 +1,107 @@
+"""The cpu's input gradient with samples in vector lanes against a float64 reference that adds each
+tap's products into strided views of a padded ``dx``, over random geometries (strides larger
+than the kernel's reach included); outputs start as NaN, so every element must be written; the
+result does not depend on how many samples a chunk holds."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minilms.kernels import conv_input_grad
+from minilms.kernels.vector_ir import VL
+
+
+def reference(dy, weight, input_size, kernel_size, stride, pad, dilation):
+    """``dx_padded[n, c, oh * sh + i * dh, ow * sw + j * dw] += weight[o, c, i, j] * dy[n, o,
+    oh, ow]``, one einsum per tap, then the padding cropped: no shared code with the kernel."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, pad, dilation
+    samples, _, out_h, out_w = dy.shape
+    height, width = input_size
+    rows = max(height + 2 * ph, (out_h - 1) * sh + dh * (kh - 1) + 1)
+    cols = max(width + 2 * pw, (out_w - 1) * sw + dw * (kw - 1) + 1)
+    padded = np.zeros((samples, weight.shape[1], rows, cols))
+    for i in range(kh):
+        for j in range(kw):
+            view = padded[:, :, i * dh:i * dh + sh * (out_h - 1) + 1:sh,
+                          j * dw:j * dw + sw * (out_w - 1) + 1:sw]
+            view += np.einsum("nohw,oc->nchw", dy.astype(np.float64),
+                              weight[:, :, i, j].astype(np.float64))
+    return padded[:, :, ph:ph + height, pw:pw + width]
+
+
+def run(dy, weight, input_size, geometry, work_samples):
+    """The kernel's ``dx`` from NaN: a NaN-filled ``dx`` and a workspace of ``work_samples``."""
+    dx = np.full((dy.shape[0], weight.shape[1]) + input_size, np.nan, np.float32)
+    work = np.full(work_samples * int(np.prod(dy.shape[1:])), np.nan, np.float32)
+    assert conv_input_grad.conv_input_grad_lanes(dy, weight, dx, work, geometry)
+    return dx
+
+
+def output_size(size, k, s, p, d):
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+geometries = st.tuples(
+    st.integers(1, 2 * VL + 3), st.integers(1, 20), st.integers(1, 6),        # n, C, O
+    st.integers(1, 5), st.integers(1, 4),                                      # kh, kw
+    st.integers(1, 3), st.integers(1, 3), st.integers(0, 2), st.integers(0, 2),  # sh, sw, ph, pw
+    st.integers(1, 2), st.integers(1, 2), st.integers(1, 11), st.integers(1, 11))  # dh, dw, H, W
+
+
+@settings(max_examples=60, deadline=None)
+@given(geometries, st.integers(0, 2**31 - 1))
+def test_matches_reference(geometry, seed):
+    n, c, o, kh, kw, sh, sw, ph, pw, dh, dw, height, width = geometry
+    out_h, out_w = output_size(height, kh, sh, ph, dh), output_size(width, kw, sw, pw, dw)
+    if out_h < 1 or out_w < 1:
+        return                                      # no output: the layer rejects it at setup
+    rng = np.random.default_rng(seed)
+    dy = rng.standard_normal((n, o, out_h, out_w)).astype(np.float32)
+    weight = rng.standard_normal((o, c, kh, kw)).astype(np.float32)
+    g = ((kh, kw), (sh, sw), (ph, pw), (dh, dw))
+    dx = run(dy, weight, (height, width), g, work_samples=VL * (1 + seed % 3))
+    want = reference(dy, weight, (height, width), *g)
+    np.testing.assert_allclose(dx, want, rtol=1e-5, atol=1e-5 * np.sqrt(o * kh * kw))
+
+
+@pytest.mark.parametrize("shape, out, k, stride, pad", [
+    ((64, 20, 12, 12), 50, 5, 1, 0),    # LeNet conv2: 4 vectors of samples, 16 + 4 channels
+    ((2 * VL + 5, 16, 16, 16), 32, 3, 2, 1),   # a ResNet downsampling, a short last vector
+])
+def test_model_shapes_and_chunks_agree_bit_for_bit(shape, out, k, stride, pad):
+    """Every element of dx sums its taps in one order whatever the chunk: chunks of one vector
+    of samples give exactly what one chunk of all of them gives."""
+    rng = np.random.default_rng(4)
+    g = ((k, k), (stride, stride), (pad, pad), (1, 1))
+    out_h = output_size(shape[2], k, stride, pad, 1)
+    dy = rng.standard_normal((shape[0], out, out_h, out_h)).astype(np.float32)
+    weight = rng.standard_normal((out, shape[1], k, k)).astype(np.float32)
+    whole = run(dy, weight, shape[2:], g, work_samples=-(-shape[0] // VL) * VL)
+    np.testing.assert_allclose(whole, reference(dy, weight, shape[2:], *g), rtol=1e-5,
+                               atol=1e-4)
+    np.testing.assert_array_equal(run(dy, weight, shape[2:], g, work_samples=VL), whole)
+    np.testing.assert_array_equal(run(dy, weight, shape[2:], g, work_samples=VL), whole)
+
+
+def test_declines_a_workspace_below_one_vector_of_samples():
+    dy = np.ones((3, 2, 4, 4), np.float32)
+    dx = np.full((3, 16, 4, 4), np.nan, np.float32)
+    work = np.empty((VL - 1) * 2 * 4 * 4, np.float32)
+    g = ((3, 3), (1, 1), (1, 1), (1, 1))
+    assert not conv_input_grad.conv_input_grad_lanes(dy, np.ones((2, 16, 3, 3), np.float32), dx,
+                                                     work, g)
+    assert np.isnan(dx).all()
+
+
+def test_valid_taps_and_where_it_pays():
+    taps, start = conv_input_grad.valid_taps(5, 3, 3, 2, 1, 1)    # 5 inputs, 3x3 stride 2 pad 1
+    reached = [taps[start[h]:start[h + 1]].tolist() for h in range(5)]
+    assert reached == [[[1, 0]], [[0, 1], [2, 0]], [[1, 1]], [[0, 2], [2, 1]], [[1, 2]]]
+    downsampling = ((3, 3), (2, 2), (1, 1), (1, 1))
+    lenet2 = ((5, 5), (1, 1), (0, 0), (1, 1))
+    assert conv_input_grad.sample_lanes_pay((64, 32, 8, 8), (32, 16, 3, 3), downsampling)
+    assert conv_input_grad.sample_lanes_pay((64, 50, 8, 8), (50, 20, 5, 5), lenet2)
+    assert not conv_input_grad.sample_lanes_pay((64, 20, 24, 24), (20, 1, 5, 5), lenet2)
+    assert not conv_input_grad.sample_lanes_pay((2, 32, 8, 8), (32, 16, 3, 3), downsampling)
+    assert not conv_input_grad.sample_lanes_pay((64, 16, 8, 8), (16, 16, 3, 3),
+                                                ((3, 3), (1, 1), (1, 1), (1, 1)))
