@@ -33,10 +33,11 @@ deterministic, and equal to im2col + GEMM up to float32 rounding.
 """
 import numpy as np
 from numba import prange, types
+from llvmlite import ir
 from numba.extending import intrinsic
 
 from .registry import cpu_variant
-from .vector_ir import I64, VL, Vectors
+from .vector_ir import I32, I64, VL, Vectors
 
 __all__ = ["VL", "lanes", "layout", "padded_size", "prepare_input", "supports", "conv_forward_direct",
            "transposed_geometry", "input_grad_pays", "conv_input_grad_direct"]
@@ -151,58 +152,104 @@ def _direct_kernel(taps: int, vl: int, flat: bool):
     return cpu_variant(conv_direct, f"taps{taps}_vl{vl}_{'flat' if flat else 'rows'}", True)
 
 
-def _pad_split_kernel(stride: int):
-    """Rows mode's copy for a horizontal stride that is a compile-time constant (1 and 2 are
-    compiled apart: with the stride known, LLVM vectorises the gather; measured 3x at 2)."""
-    def pad_split(x, xs, sw, ph, pw):
-        """``xs[n, c, r, p, q] = x_padded[n, c, r, q * sw + p]``: rows mode."""
-        if stride:
-            sw = stride
+@intrinsic
+def _row_copy(typingctx, stride, vl, dst, src, count, first, width):
+    """``dst[q] = src[first + q * stride]`` where that index is in ``0 .. width - 1``, else 0, for
+    ``q < count`` (``stride``, ``vl`` integer literals; addresses as integers): a padded,
+    strided row of the prepared input. Lanes outside the row read nothing (masked loads); stride
+    2 loads two vectors and keeps every other lane, larger strides gather."""
+    if not all(isinstance(t, types.IntegerLiteral) for t in (stride, vl)):
+        return None
+    sig = types.void(stride, vl, *([types.intp] * 5))
+    stride, vl = stride.literal_value, vl.literal_value
+
+    def codegen(context, builder, signature, args):
+        dst, src, count, first, width = args[2:]
+        v = Vectors(builder, vl)
+        dst, src = v.pointer(dst), v.pointer(src)
+        wide = ir.VectorType(I64, vl)
+
+        def clamp(value):
+            low = builder.select(builder.icmp_signed("<", value, v.constant(0)), v.constant(0),
+                                 value)
+            return builder.select(builder.icmp_signed(">", low, v.constant(vl)), v.constant(vl),
+                                  low)
+
+        def lanes_inside(at):
+            """The mask of lanes ``l`` with ``0 <= at + l < width``: a range of lanes, made
+            from bits in a scalar register (vector compares of 64-bit lane indices cost more
+            than the short rows they guard)."""
+            low = clamp(builder.neg(at))
+            high = clamp(builder.sub(width, at))
+            high = builder.select(builder.icmp_signed("<", high, low), low, high)
+            one = v.constant(1)
+            bits = builder.xor(builder.sub(builder.shl(one, high), one),
+                               builder.sub(builder.shl(one, low), one))
+            return v.mask_of_bits(bits)
+
+        entry = builder.block
+        loop, done = builder.append_basic_block("vector"), builder.append_basic_block("row_done")
+        builder.cbranch(builder.icmp_signed(">", count, v.constant(0)), loop, done)
+        builder.position_at_end(loop)
+        q0 = builder.phi(I64)
+        q0.add_incoming(v.constant(0), entry)
+        store = v.lanes_below(builder.sub(count, q0))
+        start = builder.add(first, builder.mul(q0, v.constant(stride)))
+        if stride <= 2:        # ``stride`` consecutive vectors hold the lanes: masked loads
+            parts = []
+            for part in range(stride):
+                at = builder.add(start, v.constant(part * vl))
+                parts.append(v.masked_load(v.at(src, at), lanes_inside(at)))
+            value = parts[0] if stride == 1 else builder.shuffle_vector(
+                parts[0], parts[1], ir.Constant(ir.VectorType(I32, vl), list(range(0, 2 * vl, 2))))
+        else:
+            wide = ir.VectorType(I64, vl)
+            index = builder.add(v.splat(start, wide), ir.Constant(
+                wide, [stride * lane for lane in range(vl)]))
+            inside = builder.and_(
+                builder.icmp_signed(">=", index, ir.Constant(wide, [0] * vl)),
+                builder.icmp_signed("<", index, v.splat(width, wide)))
+            value = v.masked_gather(src, index, builder.and_(store, inside))
+        v.masked_store(value, v.at(dst, q0), store)
+        following = builder.add(q0, v.constant(vl))
+        q0.add_incoming(following, builder.block)
+        builder.cbranch(builder.icmp_signed("<", following, count), loop, done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _prepare_kernel(stride: int, vl: int, flat: bool):
+    """The copy into ``layout``'s prepared input for one horizontal stride (a literal of
+    ``_row_copy``): rows mode, ``xs[n, c, r, p, q] = x_padded[n, c, r, q * sw + p]``; flat mode,
+    ``xw[n, c, j, r, ow] = x_padded[n, c, r, ow * sw + j * dw]`` (``kw`` copies of rows exactly
+    ``out_w`` long: with a vertical stride of 1 the input of output ``p = oh * out_w + ow`` at
+    tap ``(i, j)`` is ``xw[n, c, j].flat[p + i * dh * out_w]``)."""
+    def prepare(x, xs, dw, ph, pw):
         samples, channels, height, width = x.shape
-        rows, phases, quarters = xs.shape[2], xs.shape[3], xs.shape[4]
+        copies, rows, length = xs.shape[2], xs.shape[3], xs.shape[4]
+        if not flat:
+            rows, copies = xs.shape[2], xs.shape[3]
+        xa, sa = x.ctypes.data, xs.ctypes.data
+        plane = copies * rows * length
         for task in prange(samples * channels):
-            n, c = task // channels, task % channels
+            source = xa + 4 * task * height * width
+            target = sa + 4 * task * plane
             for r in range(rows):
                 h = r - ph
-                for p in range(phases):
-                    dst = xs[n, c, r, p]
-                    if 0 <= h < height:
-                        src = x[n, c, h]
-                        for q in range(quarters):
-                            col = q * sw + p - pw
-                            dst[q] = src[col] if 0 <= col < width else 0
-                    else:
-                        for q in range(quarters):
-                            dst[q] = 0
-    return cpu_variant(pad_split, f"stride{stride or 'any'}", True)
-
-
-def _width_copies_kernel():
-    def width_copies(x, xw, sw, dw, ph, pw):
-        """``xw[n, c, j, r, ow] = x_padded[n, c, r, ow * sw + j * dw]``: flat mode. Each copy's
-        rows are exactly ``out_w`` long, so with a vertical stride of 1 the input of output
-        ``p = oh * out_w + ow`` at tap ``(i, j)`` is ``xw[n, c, j].flat[p + i * dh * out_w]``."""
-        samples, channels, height, width = x.shape
-        copies, rows, out_w = xw.shape[2], xw.shape[3], xw.shape[4]
-        for task in prange(samples * channels):
-            n, c = task // channels, task % channels
-            for j in range(copies):
-                for r in range(rows):
-                    h = r - ph
-                    dst = xw[n, c, j, r]
-                    if 0 <= h < height:
-                        for ow in range(out_w):
-                            col = ow * sw + j * dw - pw
-                            dst[ow] = x[n, c, h, col] if 0 <= col < width else 0
-                    else:
-                        for ow in range(out_w):
-                            dst[ow] = 0
-    return cpu_variant(width_copies, "par", True)
+                inside = 0 <= h < height
+                row = source + 4 * h * width if inside else source
+                for k in range(copies):       # phases (rows mode) or width copies (flat)
+                    first = k * dw - pw if flat else k - pw
+                    at = (k * rows + r) * length if flat else (r * copies + k) * length
+                    _row_copy(stride, vl, target + 4 * at, row, length, first,
+                              width if inside else 0)
+    return cpu_variant(prepare, f"stride{stride}_vl{vl}_{'flat' if flat else 'rows'}", True)
 
 
 _KERNELS: dict = {}
-_PAD_SPLIT = {stride: _pad_split_kernel(stride) for stride in (0, 1, 2)}
-_WIDTH_COPIES = _width_copies_kernel()
+_PREPARE: dict = {}
 
 
 def layout(x_shape, kernel_size, stride, padding, dilation):
@@ -266,10 +313,11 @@ def prepare_input(x, work, geometry):
     _, (_, sw), (ph, pw), (_, dw) = geometry
     flat, _, per_sample, _, _, _ = layout(x.shape, *geometry)
     xs = work[:x.shape[0] * int(np.prod(per_sample))].reshape((x.shape[0],) + per_sample)
-    if flat:
-        _WIDTH_COPIES(x, xs, sw, dw, ph, pw)
-    else:
-        _PAD_SPLIT.get(sw, _PAD_SPLIT[0])(x, xs, sw, ph, pw)
+    key = (sw, VL, flat)
+    kernel = _PREPARE.get(key)
+    if kernel is None:
+        kernel = _PREPARE[key] = _prepare_kernel(*key)
+    kernel(np.ascontiguousarray(x), xs, dw, ph, pw)
     return xs.reshape(x.shape[0], -1)
 
 

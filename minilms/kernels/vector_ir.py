@@ -9,7 +9,7 @@ import llvmlite.binding as llvm_binding
 from llvmlite import ir
 from numba.core import cgutils
 
-__all__ = ["VL", "F32", "I64", "Vectors"]
+__all__ = ["VL", "F32", "I32", "I64", "Vectors"]
 
 VL = 16 if "avx512f" in llvm_binding.get_host_cpu_features().flatten() else 8
 
@@ -33,6 +33,10 @@ class Vectors:
         self._load = cgutils.get_or_insert_function(
             module, ir.FunctionType(vector, [pointer, I32, self.mask_type, vector]),
             f"llvm.masked.load.v{vl}f32.p0")
+        pointers = ir.VectorType(F32.as_pointer(), vl)
+        self._gather = cgutils.get_or_insert_function(
+            module, ir.FunctionType(vector, [pointers, I32, self.mask_type, vector]),
+            f"llvm.masked.gather.v{vl}f32.v{vl}p0")
         self.zero = ir.Constant(vector, [0.0] * vl)
 
     @staticmethod
@@ -76,6 +80,15 @@ class Vectors:
         b = self.builder
         return b.call(self._load, [b.bitcast(element_pointer, self.type.as_pointer()),
                                    ir.Constant(I32, 4), mask, self.zero])
+
+    def masked_gather(self, base, index, mask):
+        """``base[index[i]]`` in lane ``i`` (``index`` a vector of ``i64``) where ``mask`` is
+        set, else 0; masked lanes read nothing."""
+        b, wide = self.builder, ir.VectorType(I64, self.vl)
+        address = self.splat(b.ptrtoint(base, I64), wide)
+        pointers = b.inttoptr(b.add(address, b.mul(index, ir.Constant(wide, [4] * self.vl))),
+                              ir.VectorType(F32.as_pointer(), self.vl))
+        return b.call(self._gather, [pointers, ir.Constant(I32, 4), mask, self.zero])
 
     def masked_store(self, value, element_pointer, mask):
         b = self.builder

@@ -149,3 +149,30 @@ def test_input_grad_declines_strides():
     assert not conv_direct.conv_input_grad_direct(dy, weight, dx, np.empty(10**4, np.float32),
                                                   ((3, 3), (2, 2), (1, 1), (1, 1)))
     assert np.isnan(dx).all()
+
+
+@pytest.mark.parametrize("vertical", [1, 2])         # 2 forces rows mode
+@pytest.mark.parametrize("stride", [1, 2, 3, 4])      # 1, 2: masked loads; 3, 4: gathers
+@pytest.mark.parametrize("size, kernel, pad, dilation", [
+    ((5, 32), 3, 1, 1), ((9, 8), 3, 1, 1), ((7, 17), 5, 2, 2), ((6, 3), 2, 4, 1)])
+def test_prepared_input_is_the_padded_strided_input(vertical, stride, size, kernel, pad,
+                                                    dilation):
+    """``prepare_input`` against numpy's pad and strided slices, in rows and flat mode (the
+    layout decides), from a NaN workspace: every element written, the padding zero."""
+    rng = np.random.default_rng(stride)
+    x = rng.standard_normal((2, 3) + size).astype(np.float32)
+    g = ((kernel, kernel), (vertical, stride), (pad, pad), (dilation, dilation))
+    flat, _, per_sample, _, _, _ = conv_direct.layout(x.shape, *g)
+    work = np.full(2 * int(np.prod(per_sample)) + conv_direct.VL, np.nan, np.float32)
+    got = conv_direct.prepare_input(x, work, g).reshape((2,) + per_sample)
+    # flat: [C, kw copies, rows, out_w]; rows mode: [C, rows, stride phases, quarters]
+    rows, length = per_sample[2:] if flat else (per_sample[1], per_sample[3])
+    padded = np.zeros((2, 3, rows, length * stride + kernel * dilation + 2 * pad + size[1]))
+    padded[:, :, pad:pad + size[0], pad:pad + size[1]] = x
+    if flat:        # copy j: the columns of tap j, one per output
+        want = np.stack([padded[:, :, :, j * dilation:j * dilation + stride * length:stride]
+                         for j in range(kernel)], axis=2)
+    else:           # phase p: every stride-th column from p
+        want = np.stack([padded[:, :, :, p:p + stride * length:stride]
+                         for p in range(stride)], axis=3)
+    np.testing.assert_array_equal(got, want.astype(np.float32))
