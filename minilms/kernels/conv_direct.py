@@ -31,6 +31,8 @@ Loads past the end feed only lanes that are not stored (the workspace has ``VL``
 Every output is a sum in the same order (channel, then tap), whatever the threads do: results are
 deterministic, and equal to im2col + GEMM up to float32 rounding.
 """
+from functools import lru_cache
+
 import numpy as np
 from numba import prange, types
 from llvmlite import ir
@@ -169,37 +171,19 @@ def _row_copy(typingctx, stride, vl, dst, src, count, first, width):
         dst, src = v.pointer(dst), v.pointer(src)
         wide = ir.VectorType(I64, vl)
 
-        def clamp(value):
-            low = builder.select(builder.icmp_signed("<", value, v.constant(0)), v.constant(0),
-                                 value)
-            return builder.select(builder.icmp_signed(">", low, v.constant(vl)), v.constant(vl),
-                                  low)
-
-        def lanes_inside(at):
-            """The mask of lanes ``l`` with ``0 <= at + l < width``: a range of lanes, made
-            from bits in a scalar register (vector compares of 64-bit lane indices cost more
-            than the short rows they guard)."""
-            low = clamp(builder.neg(at))
-            high = clamp(builder.sub(width, at))
-            high = builder.select(builder.icmp_signed("<", high, low), low, high)
-            one = v.constant(1)
-            bits = builder.xor(builder.sub(builder.shl(one, high), one),
-                               builder.sub(builder.shl(one, low), one))
-            return v.mask_of_bits(bits)
-
         entry = builder.block
         loop, done = builder.append_basic_block("vector"), builder.append_basic_block("row_done")
         builder.cbranch(builder.icmp_signed(">", count, v.constant(0)), loop, done)
         builder.position_at_end(loop)
         q0 = builder.phi(I64)
         q0.add_incoming(v.constant(0), entry)
-        store = v.lanes_below(builder.sub(count, q0))
+        store = v.lanes_in_range(q0, count)
         start = builder.add(first, builder.mul(q0, v.constant(stride)))
         if stride <= 2:        # ``stride`` consecutive vectors hold the lanes: masked loads
             parts = []
             for part in range(stride):
                 at = builder.add(start, v.constant(part * vl))
-                parts.append(v.masked_load(v.at(src, at), lanes_inside(at)))
+                parts.append(v.masked_load(v.at(src, at), v.lanes_in_range(at, width)))
             value = parts[0] if stride == 1 else builder.shuffle_vector(
                 parts[0], parts[1], ir.Constant(ir.VectorType(I32, vl), list(range(0, 2 * vl, 2))))
         else:
@@ -220,22 +204,79 @@ def _row_copy(typingctx, stride, vl, dst, src, count, first, width):
     return sig, codegen
 
 
+@intrinsic
+def _plane_copy(typingctx, vl, dst, src, count, shift, size, bits, period):
+    """``dst[q] = src[q + shift]`` for ``q < count`` where ``0 <= q + shift < size`` and bit ``l``
+    of ``bits[k % period]`` is set for ``q = k * vl + l``, else 0 (``vl`` an integer literal,
+    addresses as integers): a flat mode width copy whose rows are as long as the input's, as
+    one run with the columns outside the input masked by a periodic pattern."""
+    if not isinstance(vl, types.IntegerLiteral):
+        return None
+    sig = types.void(vl, *([types.intp] * 7))
+    vl = vl.literal_value
+
+    def codegen(context, builder, signature, args):
+        dst, src, count, shift, size, bits, period = args[1:]
+        v = Vectors(builder, vl)
+        dst, src, bits = v.pointer(dst), v.pointer(src), v.pointer(bits, I64)
+        entry = builder.block
+        loop, done = builder.append_basic_block("vector"), builder.append_basic_block("run_done")
+        builder.cbranch(builder.icmp_signed(">", count, v.constant(0)), loop, done)
+        builder.position_at_end(loop)
+        q0, k = builder.phi(I64), builder.phi(I64)
+        q0.add_incoming(v.constant(0), entry)
+        k.add_incoming(v.constant(0), entry)
+        at = builder.add(q0, shift)
+        columns = v.mask_of_bits(builder.load(v.at(bits, k)))
+        value = v.masked_load(v.at(src, at), builder.and_(columns, v.lanes_in_range(at, size)))
+        v.masked_store(value, v.at(dst, q0), v.lanes_in_range(q0, count))
+        following, k_next = builder.add(q0, v.constant(vl)), builder.add(k, v.constant(1))
+        q0.add_incoming(following, builder.block)
+        k.add_incoming(builder.select(builder.icmp_signed("<", k_next, period), k_next,
+                                      v.constant(0)), builder.block)
+        builder.cbranch(builder.icmp_signed("<", following, count), loop, done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@lru_cache(maxsize=64)
+def _column_bits(width: int, kw: int, dw: int, pw: int):
+    """``bits[j, k]``: the lanes of vector ``k`` (mod the period, ``lcm(width, VL) / VL``
+    vectors) of width copy ``j`` whose column ``(k * VL + l) % width`` shifted by ``j * dw - pw``
+    stays inside a row."""
+    period = np.lcm(width, VL) // VL
+    bits = np.zeros((kw, period), np.int64)
+    for j in range(kw):
+        for k in range(period):
+            bits[j, k] = sum(1 << lane for lane in range(VL)
+                             if 0 <= (k * VL + lane) % width + j * dw - pw < width)
+    return bits
+
+
 def _prepare_kernel(stride: int, vl: int, flat: bool):
     """The copy into ``layout``'s prepared input for one horizontal stride (a literal of
     ``_row_copy``): rows mode, ``xs[n, c, r, p, q] = x_padded[n, c, r, q * sw + p]``; flat mode,
     ``xw[n, c, j, r, ow] = x_padded[n, c, r, ow * sw + j * dw]`` (``kw`` copies of rows exactly
     ``out_w`` long: with a vertical stride of 1 the input of output ``p = oh * out_w + ow`` at
     tap ``(i, j)`` is ``xw[n, c, j].flat[p + i * dh * out_w]``)."""
-    def prepare(x, xs, dw, ph, pw):
+    def prepare(x, xs, dw, ph, pw, bits):
         samples, channels, height, width = x.shape
         copies, rows, length = xs.shape[2], xs.shape[3], xs.shape[4]
         if not flat:
             rows, copies = xs.shape[2], xs.shape[3]
-        xa, sa = x.ctypes.data, xs.ctypes.data
-        plane = copies * rows * length
+        xa, sa, ba = x.ctypes.data, xs.ctypes.data, bits.ctypes.data
+        plane, period = copies * rows * length, bits.shape[1]
         for task in prange(samples * channels):
             source = xa + 4 * task * height * width
             target = sa + 4 * task * plane
+            if flat and stride == 1 and length == width:    # each copy one run
+                for j in range(copies):
+                    _plane_copy(vl, target + 4 * j * rows * length, source, rows * length,
+                                j * dw - pw - ph * width, height * width, ba + 8 * j * period,
+                                period)
+                continue
             for r in range(rows):
                 h = r - ph
                 inside = 0 <= h < height
@@ -317,7 +358,10 @@ def prepare_input(x, work, geometry):
     kernel = _PREPARE.get(key)
     if kernel is None:
         kernel = _PREPARE[key] = _prepare_kernel(*key)
-    kernel(np.ascontiguousarray(x), xs, dw, ph, pw)
+    width = x.shape[3]
+    same = flat and sw == 1 and per_sample[3] == width
+    bits = _column_bits(width, per_sample[1], dw, pw) if same else np.zeros((1, 1), np.int64)
+    kernel(np.ascontiguousarray(x), xs, dw, ph, pw, bits)
     return xs.reshape(x.shape[0], -1)
 
 

@@ -69,6 +69,20 @@ class Vectors:
         index = ir.Constant(ir.VectorType(I64, self.vl), list(range(self.vl)))
         return self.builder.icmp_signed("<", index, self.splat(count, ir.VectorType(I64, self.vl)))
 
+    def lanes_in_range(self, at, size):
+        """The mask of lanes ``l`` with ``0 <= at + l < size`` (``i64`` scalars): a range of
+        lanes, made from bits in a scalar register (vector compares of 64-bit lane indices cost
+        more than the short rows they guard)."""
+        b, zero, full, one = self.builder, self.constant(0), self.constant(self.vl), \
+            self.constant(1)
+
+        def clamp(value):
+            low = b.select(b.icmp_signed("<", value, zero), zero, value)
+            return b.select(b.icmp_signed(">", low, full), full, low)
+        low, high = clamp(b.neg(at)), clamp(b.sub(size, at))
+        high = b.select(b.icmp_signed("<", high, low), low, high)
+        return self.mask_of_bits(b.xor(b.sub(b.shl(one, high), one), b.sub(b.shl(one, low), one)))
+
     def mask_of_bits(self, bits):
         """The mask whose lane ``i`` is bit ``i`` of the ``i64`` ``bits``: a mask register
         loaded from an integer, where ``lanes_below`` needs two vectors of lane indices."""

@@ -154,7 +154,8 @@ def test_input_grad_declines_strides():
 @pytest.mark.parametrize("vertical", [1, 2])         # 2 forces rows mode
 @pytest.mark.parametrize("stride", [1, 2, 3, 4])      # 1, 2: masked loads; 3, 4: gathers
 @pytest.mark.parametrize("size, kernel, pad, dilation", [
-    ((5, 32), 3, 1, 1), ((9, 8), 3, 1, 1), ((7, 17), 5, 2, 2), ((6, 3), 2, 4, 1)])
+    ((5, 32), 3, 1, 1), ((9, 8), 3, 1, 1), ((7, 17), 5, 2, 2), ((7, 17), 5, 4, 2),
+    ((6, 3), 2, 4, 1)])
 def test_prepared_input_is_the_padded_strided_input(vertical, stride, size, kernel, pad,
                                                     dilation):
     """``prepare_input`` against numpy's pad and strided slices, in rows and flat mode (the
