@@ -155,22 +155,22 @@ def _direct_kernel(taps: int, vl: int, flat: bool):
 
 
 @intrinsic
-def _row_copy(typingctx, stride, vl, dst, src, count, first, width):
-    """``dst[q] = src[first + q * stride]`` where that index is in ``0 .. width - 1``, else 0, for
-    ``q < count`` (``stride``, ``vl`` integer literals; addresses as integers): a padded,
-    strided row of the prepared input. Lanes outside the row read nothing (masked loads); stride
-    2 loads two vectors and keeps every other lane, larger strides gather."""
-    if not all(isinstance(t, types.IntegerLiteral) for t in (stride, vl)):
+def _row_copy(typingctx, stride, phases, vl, dst, phase_step, src, count, first, width):
+    """``dst[p * phase_step + q] = src[first + p + q * stride]`` where that index is in ``0 ..
+    width - 1``, else 0, for ``q < count`` and phases ``p < phases`` (1 or ``stride``; ``stride``,
+    ``phases``, ``vl`` integer literals; addresses as integers): a padded, strided row of the
+    prepared input. Lanes outside the row read nothing (masked loads). Stride 2 loads two
+    vectors and keeps every other lane (both phases from the same loads); larger strides
+    gather."""
+    if not all(isinstance(t, types.IntegerLiteral) for t in (stride, phases, vl)):
         return None
-    sig = types.void(stride, vl, *([types.intp] * 5))
-    stride, vl = stride.literal_value, vl.literal_value
+    sig = types.void(stride, phases, vl, *([types.intp] * 6))
+    stride, phases, vl = stride.literal_value, phases.literal_value, vl.literal_value
 
     def codegen(context, builder, signature, args):
-        dst, src, count, first, width = args[2:]
+        dst, phase_step, src, count, first, width = args[3:]
         v = Vectors(builder, vl)
         dst, src = v.pointer(dst), v.pointer(src)
-        wide = ir.VectorType(I64, vl)
-
         entry = builder.block
         loop, done = builder.append_basic_block("vector"), builder.append_basic_block("row_done")
         builder.cbranch(builder.icmp_signed(">", count, v.constant(0)), loop, done)
@@ -184,17 +184,22 @@ def _row_copy(typingctx, stride, vl, dst, src, count, first, width):
             for part in range(stride):
                 at = builder.add(start, v.constant(part * vl))
                 parts.append(v.masked_load(v.at(src, at), v.lanes_in_range(at, width)))
-            value = parts[0] if stride == 1 else builder.shuffle_vector(
-                parts[0], parts[1], ir.Constant(ir.VectorType(I32, vl), list(range(0, 2 * vl, 2))))
+            values = parts if stride == 1 else [builder.shuffle_vector(
+                parts[0], parts[1], ir.Constant(ir.VectorType(I32, vl),
+                                                list(range(p, 2 * vl, 2)))) for p in range(phases)]
         else:
             wide = ir.VectorType(I64, vl)
-            index = builder.add(v.splat(start, wide), ir.Constant(
-                wide, [stride * lane for lane in range(vl)]))
-            inside = builder.and_(
-                builder.icmp_signed(">=", index, ir.Constant(wide, [0] * vl)),
-                builder.icmp_signed("<", index, v.splat(width, wide)))
-            value = v.masked_gather(src, index, builder.and_(store, inside))
-        v.masked_store(value, v.at(dst, q0), store)
+            values = []
+            for p in range(phases):
+                index = builder.add(v.splat(builder.add(start, v.constant(p)), wide), ir.Constant(
+                    wide, [stride * lane for lane in range(vl)]))
+                inside = builder.and_(
+                    builder.icmp_signed(">=", index, ir.Constant(wide, [0] * vl)),
+                    builder.icmp_signed("<", index, v.splat(width, wide)))
+                values.append(v.masked_gather(src, index, builder.and_(store, inside)))
+        for p, value in enumerate(values):
+            v.masked_store(value, v.at(dst, builder.add(builder.mul(v.constant(p), phase_step),
+                                                        q0)), store)
         following = builder.add(q0, v.constant(vl))
         q0.add_incoming(following, builder.block)
         builder.cbranch(builder.icmp_signed("<", following, count), loop, done)
@@ -281,11 +286,13 @@ def _prepare_kernel(stride: int, vl: int, flat: bool):
                 h = r - ph
                 inside = 0 <= h < height
                 row = source + 4 * h * width if inside else source
-                for k in range(copies):       # phases (rows mode) or width copies (flat)
-                    first = k * dw - pw if flat else k - pw
-                    at = (k * rows + r) * length if flat else (r * copies + k) * length
-                    _row_copy(stride, vl, target + 4 * at, row, length, first,
-                              width if inside else 0)
+                if flat:
+                    for j in range(copies):
+                        _row_copy(stride, 1, vl, target + 4 * (j * rows + r) * length, 0, row,
+                                  length, j * dw - pw, width if inside else 0)
+                else:                         # all phases of a row at once
+                    _row_copy(stride, stride, vl, target + 4 * r * copies * length, length, row,
+                              length, -pw, width if inside else 0)
     return cpu_variant(prepare, f"stride{stride}_vl{vl}_{'flat' if flat else 'rows'}", True)
 
 
