@@ -189,11 +189,10 @@ def _positions(geometry, x_shape, out_h, out_w):
 
 def weight_grad_pays(weight_shape) -> bool:
     """Measured (layer backward in ``scripts/bench_kernels.py``'s way): direct beats im2col + GEMM
-    for 3x3 kernels (2.0 against 2.5 ms with stride 2; 1.4x-2.7x at stride 1) and for one input
-    channel (LeNet conv1, 0.86 against 1.12 ms). It loses for LeNet conv2 (20 channels, 5x5: 4.4
-    against 3.8 ms), whose input gradient is a GEMM too: that GEMM's col is long and efficient,
-    and the direct kernel runs while OpenBLAS's threads still spin from it. A 1x1 convolution's
-    col is its input, and its GEMM has nothing to save."""
+    for 3x3 kernels (1.4x-2.7x), one input channel (LeNet conv1, 0.86 against 1.12 ms) and LeNet
+    conv2 (20 channels, 5x5: 1.1 against 1.8 ms, now that its input gradient is no GEMM either:
+    after one, OpenBLAS's spinning threads had made the direct kernel lose). A 1x1
+    convolution's col is its input, and its GEMM has nothing to save."""
     return weight_shape[2] * weight_shape[3] > 1
 
 

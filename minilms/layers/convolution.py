@@ -17,9 +17,10 @@ gradients: ``dweight_g = sum_n dy_g[n] @ col^T`` (the first sample writes, the o
 is zeroed (col2im adds).
 
 On the ``cpu`` device a float32 convolution without groups runs its forward, its input gradient
-(stride 1, where it pays) and its weight and bias gradients (where they pay: up to 3x3, or one
-input channel) as direct kernels (``minilms.kernels.conv_direct``, ``conv_weight_grad``) in the
-same workspace; the rest below still holds for everything else (float64, groups, ``cuda``).
+(where it pays: stride 1 and up to 3x3 as a transposed convolution, strided or larger kernels with
+samples in vector lanes) and its weight and bias gradients (every kernel above 1x1) as direct
+kernels (``minilms.kernels.conv_direct``, ``conv_input_grad``, ``conv_weight_grad``) in the same
+workspace; the rest below still holds for everything else (float64, groups, ``cuda``).
 
 Three ways through, chosen by the workspace (``col``, float elements in the run's dtype, sized in
 ``setup`` from ``max_workspace``, which counts float32 bytes: a float64 run, the gradient checks,
