@@ -31,6 +31,7 @@ from .vector_ir import I64, VL, Vectors
 
 __all__ = ["valid_taps", "sample_lanes_pay", "conv_input_grad_lanes"]
 
+LANES_MIN_SIZE = 1 << 17    # elements of dx below which a GEMM is faster (sample_lanes_pay)
 BLOCK = 16        # channels a call: 16 accumulators, one dy vector and room to spare (32 zmm)
 
 
@@ -175,14 +176,20 @@ def valid_taps(size: int, out_size: int, k: int, stride: int, pad: int, dilation
     return np.array(taps, np.int64).reshape(-1, 2), np.array(start, np.int64)
 
 
-def sample_lanes_pay(dy_shape, weight_shape, geometry) -> bool:
-    """Where samples in lanes beat the other input gradients (measured, ``bench_kernels.py``):
-    strides above 1 and kernels above 3x3, when the batch fills at least half of each vector."""
-    samples = dy_shape[0]
+def sample_lanes_pay(x_shape, weight_shape, geometry) -> bool:
+    """Where samples in lanes beat the other input gradients (measured, ``bench_kernels.py`` and
+    ResNet-18/4's layers): strides above 1 and kernels above 3x3, with 16 or more input channels,
+    a batch that fills at least half of each vector and a ``dx`` of at least ``LANES_MIN_SIZE``
+    elements (at 32k, ResNet-18/4's 8x8 downsampling, the GEMM took 0.12 ms and this 0.18: two
+    launches and a transpose cost more than the work; at 184k, LeNet conv2, 0.9 against 1.8).
+    Not 1x1 kernels: their col is ``dy``-sized and col2im cheap (0.06 against 0.26 ms)."""
+    samples = x_shape[0]
     kernel_size, stride = geometry[0], geometry[1]
+    taps = kernel_size[0] * kernel_size[1]
     lanes_used = samples / (-(-samples // VL) * VL)
-    return lanes_used >= 0.5 and weight_shape[1] >= 16 and (
-        stride != (1, 1) or kernel_size[0] * kernel_size[1] > 9)
+    size = int(np.prod(x_shape))
+    return lanes_used >= 0.5 and weight_shape[1] >= 16 and taps > 1 and \
+        size >= LANES_MIN_SIZE and (stride != (1, 1) or taps > 9)
 
 
 _KERNELS: dict = {}

@@ -153,8 +153,7 @@ class Convolution(Layer):
             lanes = -(-self.chunk // conv_direct.VL) * conv_direct.VL * self.num_output * out_h \
                 * out_w
             if lanes * 4 <= self.max_workspace and conv_input_grad.sample_lanes_pay(
-                    (n, self.num_output, out_h, out_w),
-                    (self.num_output, self.in_group) + self.kernel_size, self._geometry()):
+                    shape, (self.num_output, self.in_group) + self.kernel_size, self._geometry()):
                 self.elements = max(self.elements, lanes)
         return [(n, self.num_output, out_h, out_w)]
 
@@ -279,7 +278,7 @@ class Convolution(Layer):
                 direct_dx = conv_direct.conv_input_grad_direct(dy, weight, dx, flat,
                                                                self._geometry())
             elif direct and dx is not None and conv_input_grad.sample_lanes_pay(
-                    dy.shape, weight.shape, self._geometry()):
+                    dx.shape, weight.shape, self._geometry()):
                 direct_dx = conv_input_grad.conv_input_grad_lanes(dy, weight, dx, flat,
                                                                   self._geometry())
             chunk = self._direct_chunk(flat, x)

@@ -99,9 +99,11 @@ def test_valid_taps_and_where_it_pays():
     assert reached == [[[1, 0]], [[0, 1], [2, 0]], [[1, 1]], [[0, 2], [2, 1]], [[1, 2]]]
     downsampling = ((3, 3), (2, 2), (1, 1), (1, 1))
     lenet2 = ((5, 5), (1, 1), (0, 0), (1, 1))
-    assert conv_input_grad.sample_lanes_pay((64, 32, 8, 8), (32, 16, 3, 3), downsampling)
-    assert conv_input_grad.sample_lanes_pay((64, 50, 8, 8), (50, 20, 5, 5), lenet2)
-    assert not conv_input_grad.sample_lanes_pay((64, 20, 24, 24), (20, 1, 5, 5), lenet2)
-    assert not conv_input_grad.sample_lanes_pay((2, 32, 8, 8), (32, 16, 3, 3), downsampling)
-    assert not conv_input_grad.sample_lanes_pay((64, 16, 8, 8), (16, 16, 3, 3),
-                                                ((3, 3), (1, 1), (1, 1), (1, 1)))
+    pays = conv_input_grad.sample_lanes_pay
+    assert pays((32, 16, 32, 32), (32, 16, 3, 3), downsampling)       # 512k elements of dx
+    assert pays((64, 20, 12, 12), (50, 20, 5, 5), lenet2)             # 184k
+    assert not pays((32, 16, 8, 8), (32, 16, 3, 3), downsampling)     # 32k: the GEMM is faster
+    assert not pays((64, 1, 28, 28), (20, 1, 5, 5), lenet2)           # one channel
+    assert not pays((2, 16, 128, 128), (32, 16, 3, 3), downsampling)  # two samples in 16 lanes
+    assert not pays((32, 16, 32, 32), (32, 16, 1, 1), ((1, 1), (2, 2), (0, 0), (1, 1)))
+    assert not pays((64, 16, 32, 32), (16, 16, 3, 3), ((3, 3), (1, 1), (1, 1), (1, 1)))
