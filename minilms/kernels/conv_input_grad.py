@@ -53,42 +53,17 @@ def _sample_tile(typingctx, block, vl, dy, w, pairs, count, outputs, dy_output, 
         dy, w, pairs, out = v.pointer(dy), v.pointer(w), v.pointer(pairs, I64), v.pointer(out)
         constant = v.constant
 
-        def loop(name, starts):
-            """A loop counting from 0 whose accumulators start at ``starts``: the counter and
-            the accumulators' phis, positioned inside."""
-            before = builder.block
-            body = builder.append_basic_block(name)
-            builder.branch(body)
-            builder.position_at_end(body)
-            counter = builder.phi(I64)
-            counter.add_incoming(constant(0), before)
-            phis = []
-            for start in starts:
-                phis.append(builder.phi(v.type))
-                phis[-1].add_incoming(start, before)
-            return body, counter, phis
-
-        def close(body, counter, phis, values, limit, name):
-            """Back to ``body`` with ``values`` while ``counter + 1 < limit``."""
-            following = builder.add(counter, constant(1))
-            counter.add_incoming(following, builder.block)
-            for phi, value in zip(phis, values):
-                phi.add_incoming(value, builder.block)
-            after = builder.append_basic_block(name)
-            builder.cbranch(builder.icmp_signed("<", following, limit), body, after)
-            builder.position_at_end(after)
-
-        tap_body, k, tap_acc = loop("tap", [v.zero] * block)
+        tap_body, k, tap_acc = v.open_loop("tap", [v.zero] * block)
         pair = v.at(pairs, builder.mul(k, constant(2)))
         dy_k = v.at(dy, builder.load(pair))
         w_k = v.at(w, builder.load(v.at(pair, constant(1))))
-        output_body, o, acc = loop("output", tap_acc)
+        output_body, o, acc = v.open_loop("output", tap_acc)
         inputs = v.load(v.at(dy_k, builder.mul(o, dy_output)))
         w_o = v.at(w_k, builder.mul(o, w_output))
         current = [v.fma(inputs, v.splat(builder.load(v.at(w_o, constant(b)))), acc[b])
                    for b in range(block)]
-        close(output_body, o, acc, current, outputs, "outputs_done")
-        close(tap_body, k, tap_acc, current, count, "taps_done")
+        v.close_loop(output_body, o, acc, current, outputs, "outputs_done")
+        v.close_loop(tap_body, k, tap_acc, current, count, "taps_done")
         every = v.lanes_below(constant(vl))
         for b in range(block):
             v.masked_store(current[b], v.at(out, constant(b * vl)), every)

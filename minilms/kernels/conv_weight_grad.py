@@ -60,23 +60,10 @@ def _weight_tile(typingctx, block, rows, cols, vl, x, dy, row_step, columns, pos
         dy_rows = [builder.mul(constant(o), dy_plane) for o in range(block)]
         accumulators = block * taps
 
-        def loop_header(name, start_block, starts):
-            loop = builder.append_basic_block(name)
-            builder.branch(loop)
-            builder.position_at_end(loop)
-            counter = builder.phi(I64)
-            counter.add_incoming(constant(0), start_block)
-            phis = []
-            for start in starts:
-                phis.append(builder.phi(v.type))
-                phis[-1].add_incoming(start, start_block)
-            return loop, counter, phis
-
-        entry = builder.block
-        sample_loop, n, sample_acc = loop_header("sample", entry, [v.zero] * accumulators)
+        sample_loop, n, sample_acc = v.open_loop("sample", [v.zero] * accumulators)
         x_n = v.at(x, builder.mul(n, x_sample))
         dy_n = v.at(dy, builder.mul(n, dy_sample))
-        position_loop, k, acc = loop_header("position", sample_loop, sample_acc)
+        position_loop, k, acc = v.open_loop("position", sample_acc)
         triple = v.at(positions, builder.mul(k, constant(3)))
         x_here = v.at(x_n, builder.load(triple))
         dy_here = v.at(dy_n, builder.load(v.at(triple, constant(1))))
@@ -90,21 +77,8 @@ def _weight_tile(typingctx, block, rows, cols, vl, x, dy, row_step, columns, pos
                 for o in range(block):
                     t = o * taps + i * cols + j
                     current[t] = v.fma(grads[o], inputs, current[t])
-        next_k = builder.add(k, constant(1))
-        k.add_incoming(next_k, builder.block)
-        for phi, value in zip(acc, current):
-            phi.add_incoming(value, builder.block)
-        positions_done = builder.append_basic_block("positions_done")
-        builder.cbranch(builder.icmp_signed("<", next_k, position_count), position_loop,
-                        positions_done)
-        builder.position_at_end(positions_done)
-        next_n = builder.add(n, constant(1))
-        n.add_incoming(next_n, positions_done)
-        for phi, value in zip(sample_acc, current):
-            phi.add_incoming(value, positions_done)
-        done = builder.append_basic_block("samples_done")
-        builder.cbranch(builder.icmp_signed("<", next_n, samples), sample_loop, done)
-        builder.position_at_end(done)
+        v.close_loop(position_loop, k, acc, current, position_count, "positions_done")
+        v.close_loop(sample_loop, n, sample_acc, current, samples, "samples_done")
         adding = builder.icmp_signed("!=", accumulate, constant(0))
         for o in range(block):
             row = builder.mul(constant(o), w_output)

@@ -109,6 +109,33 @@ class Vectors:
         b.call(self._store, [value, b.bitcast(element_pointer, self.type.as_pointer()),
                              ir.Constant(I32, 4), mask])
 
+    def open_loop(self, name, starts):
+        """A loop from the current block, counting from 0, its vector accumulators starting at
+        ``starts``: ``(body, counter, phis)``, positioned inside the body."""
+        b = self.builder
+        before = b.block
+        body = b.append_basic_block(name)
+        b.branch(body)
+        b.position_at_end(body)
+        counter = b.phi(I64)
+        counter.add_incoming(self.constant(0), before)
+        phis = []
+        for start in starts:
+            phis.append(b.phi(self.type))
+            phis[-1].add_incoming(start, before)
+        return body, counter, phis
+
+    def close_loop(self, body, counter, phis, values, limit, name):
+        """Back to ``body`` with ``values`` while ``counter + 1 < limit``; positioned after."""
+        b = self.builder
+        following = b.add(counter, self.constant(1))
+        counter.add_incoming(following, b.block)
+        for phi, value in zip(phis, values):
+            phi.add_incoming(value, b.block)
+        after = b.append_basic_block(name)
+        b.cbranch(b.icmp_signed("<", following, limit), body, after)
+        b.position_at_end(after)
+
     def fma(self, a, b, c):
         """``a * b + c`` lane by lane, one rounding."""
         return self.builder.call(self._fma, [a, b, c])
