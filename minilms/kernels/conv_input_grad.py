@@ -11,14 +11,15 @@ every element of ``dx`` sums exactly its valid taps, for any stride, padding and
                      weight[o, c, i, j] * dy[n, o, oh, ow]
     rows(h) = {(i, oh): oh * sh - ph + i * dh = h, 0 <= oh < OH}      (cols(w) alike)
 
-``dy`` is first copied, a chunk of samples at a time, to ``dyT[oh * OW + ow, o, n]`` (zero past the
-batch; ``o`` before ``n`` so that the loop over ``o`` reads consecutive memory: with ``o`` outermost,
-its stride of a plane maps every load to one cache set), the weights to ``wT[i * kw + j, o, c]``. For one position ``(h, w)`` and ``VL`` samples,
-the microkernel (``_sample_tile``) keeps ``block`` channels' accumulators in registers and loops
-over the position's valid taps and then ``o``: one vector load of ``dyT``, ``block`` FMAs with
-broadcast weights. Each lane is one sample: a row of ``dx`` is stored as ``[W, C, VL]`` in a
-buffer of the task's own and then transposed into place (scattered straight into ``dx``, lanes
-``C * H * W`` apart, every store of a row hit one cache set: measured 8x slower). Every sum runs in the same order whatever the threads do: deterministic.
+``dy`` is first copied, a chunk of samples at a time, to ``dyT[oh * OW + ow, o, n]`` (zero past
+the batch), the weights to ``wT[i * kw + j, o, c]``. For one position ``(h, w)`` and ``VL``
+samples, the microkernel (``_sample_tile``) keeps ``block`` channels' accumulators in registers
+and loops over the position's valid taps and then ``o``: one vector load of ``dyT``, ``block``
+FMAs with broadcast weights. Each lane is one sample: a row of ``dx`` is stored as ``[W, C, VL]``
+in a buffer of the task's own and then transposed into place. Two layouts measured slower, both
+because every access of a loop fell a power of two apart, into one cache set: ``o`` outermost in
+``dyT`` (2.5x) and results scattered straight into ``dx``, lanes ``C * H * W`` apart (8x).
+Every sum runs in the same order whatever the threads do: deterministic.
 """
 from functools import lru_cache
 
@@ -120,8 +121,8 @@ def _samples_last(dy, dyT):
     samples = dy.shape[0]
     plane, outputs, lanes_total = dyT.shape
     # Sixteen positions a task, gathered in a buffer of the task's own and written out as whole
-    # rows: written straight, sixteen rows of dyT a plane apart (a power of two, often) would
-    # share one cache set (measured: 2-5x slower).
+    # rows: written straight, sixteen rows of dyT ``outputs * lanes`` apart (a power of two,
+    # often) would share one cache set (measured: 2-5x slower).
     per = (plane + 15) // 16
     for task in prange(outputs * per):
         o, p0 = task // per, (task % per) * 16

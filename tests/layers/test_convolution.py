@@ -203,8 +203,8 @@ DIRECT_CASES["stride 2, 16 channels"] = (dict(num_output=3, stride=2, pad=1), (9
 def test_float32_cpu_takes_the_direct_path(name, monkeypatch):
     """float32 without groups: the forward is the direct convolution (im2col + GEMM would fail
     here), and so is the input gradient wherever it pays (stride 1, or samples in lanes), and
-    the weight and bias gradients wherever the kernel is larger than 1x1; all match float64 references (the
-    naive loops; the float64 layer's gradients)."""
+    the weight and bias gradients wherever the kernel is larger than 1x1; all match float64
+    references (the naive loops; the float64 layer's gradients)."""
     from minilms.kernels import conv_cpu, conv_direct, conv_input_grad, conv_weight_grad
     options, shape = DIRECT_CASES[name]
     layer = conv(**options)
