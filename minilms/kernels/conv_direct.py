@@ -298,6 +298,7 @@ def _prepare_kernel(stride: int, vl: int, flat: bool):
 
 _KERNELS: dict = {}
 _PREPARE: dict = {}
+_NO_BITS = np.zeros((1, 1), np.int64)     # the column masks of copies that are not one run
 
 
 def layout(x_shape, kernel_size, stride, padding, dilation):
@@ -367,7 +368,7 @@ def prepare_input(x, work, geometry):
         kernel = _PREPARE[key] = _prepare_kernel(*key)
     width = x.shape[3]
     same = flat and sw == 1 and per_sample[3] == width
-    bits = _column_bits(width, per_sample[1], dw, pw) if same else np.zeros((1, 1), np.int64)
+    bits = _column_bits(width, per_sample[1], dw, pw) if same else _NO_BITS
     kernel(np.ascontiguousarray(x), xs, dw, ph, pw, bits)
     return xs.reshape(x.shape[0], -1)
 

@@ -150,11 +150,11 @@ class Convolution(Layer):
             self.elements = max(self.elements, conv_direct.VL + self.chunk * max(
                 self.direct_per_sample, dy_sample))
             # dy with samples in lanes, a whole number of vectors of them, within max_workspace
-            lanes = -(-self.chunk // conv_direct.VL) * conv_direct.VL * self.num_output * out_h \
-                * out_w
-            if lanes * 4 <= self.max_workspace and conv_input_grad.sample_lanes_pay(
+            vectors = -(-self.chunk // conv_direct.VL)
+            dy_lanes = vectors * conv_direct.VL * self.num_output * out_h * out_w
+            if dy_lanes * 4 <= self.max_workspace and conv_input_grad.sample_lanes_pay(
                     shape, (self.num_output, self.in_group) + self.kernel_size, self._geometry()):
-                self.elements = max(self.elements, lanes)
+                self.elements = max(self.elements, dy_lanes)
         return [(n, self.num_output, out_h, out_w)]
 
     def _size_workspace(self, shape):
