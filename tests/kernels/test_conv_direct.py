@@ -51,8 +51,7 @@ def run(x, weight, bias, geometry, chunk, margin=64):
 def test_matches_reference(geometry, seed):
     if not geometry.has_output:
         return                                      # no output: the layer rejects it at setup
-    n, c, o, (kh, kw), height, width = (geometry.n, geometry.c, geometry.o, geometry.kernel,
-                                        geometry.height, geometry.width)
+    n, c, o, (kh, kw), _, _, _, height, width = geometry
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, c, height, width)).astype(np.float32)
     weight = rng.standard_normal((o, c, kh, kw)).astype(np.float32)
@@ -124,9 +123,7 @@ def reference_input_grad(dy, weight, x_shape, stride, pad, dilation):
 def test_input_grad_matches_adjoint(geometry, seed):
     if not geometry.has_output:
         return
-    n, c, o, (kh, kw), height, width = (geometry.n, geometry.c, geometry.o, geometry.kernel,
-                                        geometry.height, geometry.width)
-    (ph, pw), (dh, dw) = geometry.pad, geometry.dilation
+    n, c, o, (kh, kw), _, (ph, pw), (dh, dw), height, width = geometry
     g = geometry.args
     rng = np.random.default_rng(seed)
     weight = rng.standard_normal((o, c, kh, kw)).astype(np.float32)

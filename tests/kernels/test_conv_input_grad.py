@@ -46,8 +46,7 @@ def run(dy, weight, input_size, geometry, work_samples):
 def test_matches_reference(geometry, seed):
     if not geometry.has_output:
         return                                      # no output: the layer rejects it at setup
-    n, c, o, (kh, kw), height, width = (geometry.n, geometry.c, geometry.o, geometry.kernel,
-                                        geometry.height, geometry.width)
+    n, c, o, (kh, kw), _, _, _, height, width = geometry
     out_h, out_w = geometry.out_h, geometry.out_w
     rng = np.random.default_rng(seed)
     dy = rng.standard_normal((n, o, out_h, out_w)).astype(np.float32)

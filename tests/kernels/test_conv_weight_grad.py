@@ -44,7 +44,7 @@ def run(x, dy, geometry, chunk):
 def test_matches_reference(geometry, seed):
     if not geometry.has_output:
         return                                      # no output: the layer rejects it at setup
-    n, c, o, height, width = geometry.n, geometry.c, geometry.o, geometry.height, geometry.width
+    n, c, o, _, _, _, _, height, width = geometry
     out_h, out_w = geometry.out_h, geometry.out_w
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, c, height, width)).astype(np.float32)
