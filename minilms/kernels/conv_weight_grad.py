@@ -2,27 +2,27 @@
 
 im2col + GEMM computes ``dweight = dy [out, P] @ col^T [P, K]`` with a short ``out`` and a col
 ``kh * kw`` times the input: most of its time goes to writing and streaming col (measured: 2.1 ms
-of a 2.5 ms backward on a small ResNet layer). Here the input is prepared once, as for the direct
-forward (``conv_direct.layout``: every tap's inputs for ``VL`` consecutive outputs are
-consecutive), and each weight's gradient is a dot product over the output positions::
+of a 2.5 ms backward on a small ResNet layer). Here the input is read as the direct forward reads
+it (``conv_direct.layout``: every tap's inputs for ``VL`` consecutive outputs are consecutive, in
+``x`` itself or a prepared copy; taps in the padding masked), and each weight's gradient is a dot
+product over the output positions::
 
-    dweight[o, c, t] = sum over n, output positions p of dy[n, o, p] * xs[n, c, tap t of p]
+    dweight[o, c, t] = sum over n, output positions p of dy[n, o, p] * x[n, c, tap t of p]
     dbias[o]         = sum over n, p of dy[n, o, p]
 
 The microkernel (``_weight_tile``) keeps ``block x taps`` vector accumulators in registers: per
 ``VL`` output positions it loads ``block`` vectors of ``dy`` and one vector of input per tap, each
 used ``block`` times (``block`` is chosen so that accumulators, ``dy`` and one input fit the 32
-vector registers of AVX-512). Row ends are masked loads: lanes past a row read nothing and add 0.
+vector registers of AVX-512). Row ends and padding are masked loads: those lanes read nothing
+and add 0. Its loops are kept from unrolling (``vector_ir``): unrolled, they spilled.
 The lanes are added up in a fixed tree at the end, and each task owns its weights (one input
 channel, a block of outputs, a group of taps), so results are the same whatever the threads do.
 """
-from functools import lru_cache
-
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .conv_direct import VL, layout, prepare_input
+from .conv_direct import kernel_inputs, prepare_input
 from .registry import cpu_variant
 from .vector_ir import I64, Vectors
 
@@ -33,25 +33,27 @@ REGISTERS = 32    # AVX-512's vector registers (AVX2 has 16: the blocks then spi
 
 @intrinsic
 def _weight_tile(typingctx, block, rows, cols, vl, x, dy, row_step, columns, positions,
-                 position_count, samples, x_sample, dy_sample, dy_plane, dw, w_output,
-                 accumulate):
+                 position_count, position_step, first_tap, samples, x_sample, dy_sample,
+                 dy_plane, dw, w_output, accumulate):
     """``dw[o * w_output + t] (+)= sum over samples and positions of dy . x`` for ``block``
     outputs and the ``rows x cols`` taps of ``rows`` kernel rows (integer literals). Tap ``(i,
     j)`` reads ``x + i * row_step + columns[j]``: ``rows + cols`` integer registers address all
     taps, where a table of ``rows * cols`` offsets would spill. Addresses as integers, strides in
-    elements: ``x`` at one channel's prepared input of sample 0 at the group's first kernel row,
-    ``dy`` at ``dy[0, o0, 0]``, ``columns`` at ``cols`` int64 offsets, ``positions`` at
-    ``position_count`` int64 triples ``(x offset, dy offset, lane mask bits)``, ``dw`` at ``dweight[o0,
-    c, t0]``. ``accumulate`` 0 overwrites ``dw``."""
+    elements: ``x`` at one channel's input of sample 0 at the group's first kernel row, ``dy``
+    at ``dy[0, o0, 0]``, ``columns`` at ``cols`` int64 offsets, ``positions`` at
+    ``position_count`` rows of ``position_step`` int64 (``conv_direct.tile_table``'s: x offset,
+    dy offset, the bits of the lanes of ``dy`` and of each tap's, the group's from
+    ``first_tap``), ``dw`` at ``dweight[o0, c, first_tap]``. ``accumulate`` 0 overwrites
+    ``dw``."""
     if not all(isinstance(t, types.IntegerLiteral) for t in (block, rows, cols, vl)):
         return None
-    sig = types.void(block, rows, cols, vl, *([types.intp] * 13))
+    sig = types.void(block, rows, cols, vl, *([types.intp] * 15))
     block, rows, cols, vl = (t.literal_value for t in (block, rows, cols, vl))
     taps = rows * cols
 
     def codegen(context, builder, signature, args):
-        (x, dy, row_step, columns, positions, position_count, samples, x_sample, dy_sample,
-         dy_plane, dw, w_output, accumulate) = args[4:]
+        (x, dy, row_step, columns, positions, position_count, position_step, first_tap, samples,
+         x_sample, dy_sample, dy_plane, dw, w_output, accumulate) = args[4:]
         v = Vectors(builder, vl)
         x, dy, dw = v.pointer(x), v.pointer(dy), v.pointer(dw)
         columns, positions = v.pointer(columns, I64), v.pointer(positions, I64)
@@ -64,16 +66,18 @@ def _weight_tile(typingctx, block, rows, cols, vl, x, dy, row_step, columns, pos
         x_n = v.at(x, builder.mul(n, x_sample))
         dy_n = v.at(dy, builder.mul(n, dy_sample))
         position_loop, k, acc = v.open_loop("position", sample_acc)
-        triple = v.at(positions, builder.mul(k, constant(3)))
-        x_here = v.at(x_n, builder.load(triple))
-        dy_here = v.at(dy_n, builder.load(v.at(triple, constant(1))))
-        mask = v.mask_of_bits(builder.load(v.at(triple, constant(2))))
+        tile = v.at(positions, builder.mul(k, position_step))
+        x_here = v.at(x_n, builder.load(tile))
+        dy_here = v.at(dy_n, builder.load(v.at(tile, constant(1))))
+        mask = v.mask_of_bits(builder.load(v.at(tile, constant(2))))
         grads = [v.masked_load(v.at(dy_here, dy_rows[o]), mask) for o in range(block)]
+        reads = v.at(tile, builder.add(first_tap, constant(3)))
         current = list(acc)
         for i in range(rows):
             row = v.at(x_here, builder.mul(constant(i), row_step))
             for j in range(cols):
-                inputs = v.masked_load(v.at(row, column_at[j]), mask)
+                inputs = v.masked_load(v.at(row, column_at[j]), v.mask_of_bits(
+                    builder.load(v.at(reads, constant(i * cols + j)))))
                 for o in range(block):
                     t = o * taps + i * cols + j
                     current[t] = v.fma(grads[o], inputs, current[t])
@@ -107,15 +111,15 @@ def _weight_grad_kernel(kh: int, kw: int, rows: int, block: int, vl: int):
     taps, groups = kh * kw, kh // rows
 
     def weight_grad(xs, dy, row_step, columns, positions, dw, x_channel, accumulate):
-        """``xs [samples, size]`` prepared input, ``dy [samples, out, plane]``, ``dw [out, C *
-        taps]``: each task one input channel, ``block`` outputs (fewer at the end) and ``rows``
-        kernel rows."""
+        """``xs [samples, size]`` input (``x`` or prepared), ``dy [samples, out, plane]``, ``dw
+        [out, C * taps]``: each task one input channel, ``block`` outputs (fewer at the end) and
+        ``rows`` kernel rows."""
         samples, out, plane = dy.shape
         channels = dw.shape[1] // taps
         w_output, blocks = dw.shape[1], (out + block - 1) // block
         xa, da, ca, pa, wa = (xs.ctypes.data, dy.ctypes.data, columns.ctypes.data,
                               positions.ctypes.data, dw.ctypes.data)
-        count = positions.shape[0]
+        count, step = positions.shape
         for task in prange(channels * blocks * groups):
             c, rest = task // (blocks * groups), task % (blocks * groups)
             o0, i0 = (rest // groups) * block, (rest % groups) * rows
@@ -123,42 +127,24 @@ def _weight_grad_kernel(kh: int, kw: int, rows: int, block: int, vl: int):
             left = out - o0
             if left >= block:
                 _weight_tile(block, rows, kw, vl, x_at, da + 4 * o0 * plane, row_step, ca, pa,
-                             count, samples, xs.shape[1], out * plane, plane,
+                             count, step, t0, samples, xs.shape[1], out * plane, plane,
                              wa + 4 * (o0 * w_output + c * taps + t0), w_output, accumulate)
                 left = 0
             while left > 0:     # the last block's remainder, 2 or 1 outputs a call
                 if left >= 2:
                     _weight_tile(2, rows, kw, vl, x_at, da + 4 * o0 * plane, row_step, ca, pa,
-                                 count, samples, xs.shape[1], out * plane, plane,
+                                 count, step, t0, samples, xs.shape[1], out * plane, plane,
                                  wa + 4 * (o0 * w_output + c * taps + t0), w_output, accumulate)
                     o0, left = o0 + 2, left - 2
                 else:
                     _weight_tile(1, rows, kw, vl, x_at, da + 4 * o0 * plane, row_step, ca, pa,
-                                 count, samples, xs.shape[1], out * plane, plane,
+                                 count, step, t0, samples, xs.shape[1], out * plane, plane,
                                  wa + 4 * (o0 * w_output + c * taps + t0), w_output, accumulate)
                     o0, left = o0 + 1, left - 1
     return cpu_variant(weight_grad, f"k{kh}x{kw}_rows{rows}_block{block}_vl{vl}", True)
 
 
 _KERNELS: dict = {}
-
-
-@lru_cache(maxsize=64)   # built in Python: once per layer shape, not on every backward
-def _positions(geometry, x_shape, out_h, out_w):
-    """``(positions, row_step, columns, x_channel)``: the ``(x offset, dy offset, lane bits)`` of each
-    vector of output positions of one sample, in the order the forward takes them, and tap ``(i,
-    j)``'s offset as ``i * row_step + columns[j]`` (``layout``'s offsets, factored)."""
-    flat, vl, _, offsets, x_channel, x_row = layout(x_shape, *geometry)
-    sh, kw = geometry[1][0], geometry[0][1]
-    if flat:
-        table = [(p, p, (1 << min(vl, out_h * out_w - p)) - 1)
-                 for p in range(0, out_h * out_w, vl)]
-    else:
-        table = [(oh * sh * x_row + ow0, oh * out_w + ow0, (1 << min(vl, out_w - ow0)) - 1)
-                 for oh in range(out_h) for ow0 in range(0, out_w, vl)]
-    row_step = offsets[kw] - offsets[0] if len(offsets) > kw else 0
-    return (np.array(table, np.int64).reshape(-1, 3), row_step,
-            np.array(offsets[:kw], np.int64), x_channel, vl)
 
 
 def weight_grad_pays(weight_shape) -> bool:
@@ -194,15 +180,20 @@ def conv_weight_grad_direct(x, dy, dweight, dbias, work, chunk, geometry) -> Non
     if dweight is None:
         return
     (kh, kw) = geometry[0]
-    positions, row_step, columns, x_channel, vl = _positions(tuple(map(tuple, geometry)), x.shape,
-                                                             out_h, out_w)
+    lay, positions, offsets = kernel_inputs(x.shape, geometry)
+    # tap (i, j) at i * row_step + columns[j]: the layout's offsets, factored
+    row_step, columns = (offsets[kw] - offsets[0] if kh > 1 else 0), offsets[:kw].copy()
     rows = _group_rows((kh, kw))
-    key = (kh, kw, rows, _block(rows * kw), vl)
+    key = (kh, kw, rows, _block(rows * kw), lay.vl)
     kernel = _KERNELS.get(key)
     if kernel is None:
         kernel = _KERNELS[key] = _weight_grad_kernel(*key)
     dw = dweight.reshape(out, -1)
+    if not lay.prepared:
+        kernel(np.ascontiguousarray(x).reshape(samples, -1), dy3, row_step, columns, positions,
+               dw, lay.x_channel, 0)
+        return
     for n0 in range(0, samples, chunk):
         n1 = min(samples, n0 + chunk)
         xs = prepare_input(x[n0:n1], work, geometry)
-        kernel(xs, dy3[n0:n1], row_step, columns, positions, dw, x_channel, int(n0 > 0))
+        kernel(xs, dy3[n0:n1], row_step, columns, positions, dw, lay.x_channel, int(n0 > 0))

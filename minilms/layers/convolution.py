@@ -220,8 +220,8 @@ class Convolution(Layer):
         return col, stage, ones
 
     def _direct_chunk(self, flat, x) -> int:
-        """Samples of ``x`` whose prepared input (``conv_direct.layout``) fits ``flat``."""
-        return min(x.shape[0], (flat.size - conv_direct.VL) // self.direct_per_sample)
+        """Samples of ``x`` the direct kernels take at a time (``conv_direct.chunk_size``)."""
+        return conv_direct.chunk_size(x.shape, self._geometry(), flat.size)
 
     def _geometry(self):
         return self.kernel_size, self.stride, self.pad, self.dilation

@@ -150,16 +150,24 @@ def test_input_grad_declines_strides():
 @pytest.mark.parametrize("vertical", [1, 2])         # 2 forces rows mode
 @pytest.mark.parametrize("stride", [1, 2, 3, 4])      # 1, 2: masked loads; 3, 4: gathers
 @pytest.mark.parametrize("size, kernel, pad, dilation", [
-    ((5, 32), 3, 1, 1), ((9, 8), 3, 1, 1), ((7, 17), 5, 2, 2), ((7, 17), 5, 4, 2),
+    ((5, 32), 3, 1, 1), ((9, 8), 3, 0, 1), ((7, 17), 5, 2, 2), ((7, 17), 5, 4, 2),
     ((6, 3), 2, 4, 1)])
 def test_prepared_input_is_the_padded_strided_input(vertical, stride, size, kernel, pad,
                                                     dilation):
     """``prepare_input`` against numpy's pad and strided slices, in rows and flat mode (the
-    layout decides), from a NaN workspace: every element written, the padding zero."""
+    layout decides), from a NaN workspace: every element written, the padding zero. Where the
+    kernels read ``x`` itself (stride 1, rows lined up), there is nothing to prepare."""
     rng = np.random.default_rng(stride)
     x = rng.standard_normal((2, 3) + size).astype(np.float32)
     g = ((kernel, kernel), (vertical, stride), (pad, pad), (dilation, dilation))
-    flat, _, per_sample, _, _, _ = conv_direct.layout(x.shape, *g)
+    flat, prepared, _, per_sample = conv_direct.layout(x.shape, *g)[:4]
+    out_w = (size[1] + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+    assert prepared == (stride > 1 or (flat and out_w != size[1]))
+    if not prepared:
+        assert conv_direct.padded_size(x.shape, *g) == 0
+        with pytest.raises(ValueError, match="nothing to prepare"):
+            conv_direct.prepare_input(x, np.empty(10**4, np.float32), g)
+        return
     work = np.full(2 * int(np.prod(per_sample)) + conv_direct.VL, np.nan, np.float32)
     got = conv_direct.prepare_input(x, work, g).reshape((2,) + per_sample)
     # flat: [C, kw copies, rows, out_w]; rows mode: [C, rows, stride phases, quarters]
