@@ -54,31 +54,32 @@ __all__ = ["VL", "Layout", "lanes", "layout", "tile_table", "padded_size", "chun
            "transposed_geometry", "input_grad_pays", "conv_input_grad_direct"]
 
 @intrinsic
-def _tile(typingctx, block, taps, vl, x, w, bias, offsets, masks, y, channels, x_channel,
+def _tile(typingctx, block, taps, vl, step, x, w, bias, offsets, masks, y, channels, x_channel,
           w_output, y_plane):
-    """The microkernel for ``block`` output channels, ``taps`` taps and ``vl`` lanes (integer
-    literals: each combination compiles its own unrolled code):
-    ``_tile(block, taps, vl, x, w, bias, offsets, masks, y, channels, x_channel, w_output,
+    """The microkernel for ``block`` output channels, ``taps`` taps, ``vl`` lanes and inputs
+    ``step`` elements apart (integer literals: each combination compiles its own unrolled code):
+    ``_tile(block, taps, vl, step, x, w, bias, offsets, masks, y, channels, x_channel, w_output,
     y_plane)``, addresses as integers, strides in elements. ``x`` points at channel 0's input for
     the tile's first output, ``w`` at ``w[o0, 0, 0, 0]``, ``bias`` at ``bias[o0]``, ``offsets`` at
-    ``taps`` element offsets (int64), ``masks`` at ``1 + taps`` lane bits (int64: the lanes
-    stored, then the lanes each tap reads; the others read nothing and add 0), ``y`` at
+    ``taps`` element offsets (int64), ``masks`` at ``1 + taps`` bit masks (int64: the lanes
+    stored, then the elements each tap reads, ``Vectors.spaced_load``'s; the others read nothing
+    and add 0), ``y`` at
     ``y[o0, oh, ow0]``. A global, not a closure: Numba's disk cache keys a function on its
     closure's pickle, and an intrinsic pickles differently in every process."""
-    if not all(isinstance(t, types.IntegerLiteral) for t in (block, taps, vl)):
+    if not all(isinstance(t, types.IntegerLiteral) for t in (block, taps, vl, step)):
         return None
     # The literals stay in the signature: the lowering looks the implementation up by it.
-    sig = types.void(block, taps, vl, *([types.intp] * 10))
-    block, taps, vl = block.literal_value, taps.literal_value, vl.literal_value
+    sig = types.void(block, taps, vl, step, *([types.intp] * 10))
+    block, taps, vl, step = (t.literal_value for t in (block, taps, vl, step))
 
     def codegen(context, builder, signature, args):
-        x, w, bias, offsets, masks, y, channels, x_channel, w_output, y_plane = args[3:]
+        x, w, bias, offsets, masks, y, channels, x_channel, w_output, y_plane = args[4:]
         v = Vectors(builder, vl)
         x, w, bias, y = v.pointer(x), v.pointer(w), v.pointer(bias), v.pointer(y)
         offsets, masks = v.pointer(offsets, I64), v.pointer(masks, I64)
         constant = v.constant
         tap_at = [builder.load(v.at(offsets, constant(t))) for t in range(taps)]
-        reads = [v.mask_of_bits(builder.load(v.at(masks, constant(1 + t)))) for t in range(taps)]
+        reads = [builder.load(v.at(masks, constant(1 + t))) for t in range(taps)]
         w_rows = [builder.mul(constant(o), w_output) for o in range(block)]
         start = [v.splat(builder.load(v.at(bias, constant(o)))) for o in range(block)]
         entry = builder.block
@@ -97,7 +98,7 @@ def _tile(typingctx, block, taps, vl, x, w, bias, offsets, masks, y, channels, x
         x_c = v.at(x, builder.mul(c, x_channel))
         w_c = v.at(w, builder.mul(c, constant(taps)))
         for t in range(taps):
-            inputs = v.masked_load(v.at(x_c, tap_at[t]), reads[t])
+            inputs = v.spaced_load(v.at(x_c, tap_at[t]), reads[t], step)
             for o in range(block):
                 weight = builder.load(v.at(w_c, builder.add(w_rows[o], constant(t))))
                 current[o] = v.fma(inputs, v.splat(weight), current[o])
@@ -116,9 +117,9 @@ def _tile(typingctx, block, taps, vl, x, w, bias, offsets, masks, y, channels, x
     return sig, codegen
 
 
-def _direct_kernel(taps: int, vl: int):
-    """The whole forward for one tap count and vector width (literals for the microkernel): a
-    task per sample and tile of ``tile_table``."""
+def _direct_kernel(taps: int, vl: int, step: int):
+    """The whole forward for one tap count, vector width and input step (literals for the
+    microkernel): a task per sample and tile of ``tile_table``."""
     def conv_direct(x, w, bias, offsets, table, y, x_channel):
         samples, out, out_h, out_w = y.shape
         channels, plane_y = w.shape[1] // taps, out_h * out_w
@@ -136,26 +137,26 @@ def _direct_kernel(taps: int, vl: int):
                 w_at, b_at = wa + 4 * o0 * w_output, ba + 4 * o0
                 y_at = ya + 4 * ((n * out + o0) * plane_y + table[t, 1])
                 if left >= 16:
-                    _tile(16, taps, vl, x_at, w_at, b_at, oa, masks, y_at, channels, x_channel,
-                          w_output, plane_y)
+                    _tile(16, taps, vl, step, x_at, w_at, b_at, oa, masks, y_at, channels,
+                          x_channel, w_output, plane_y)
                     o0 += 16
                 elif left >= 8:
-                    _tile(8, taps, vl, x_at, w_at, b_at, oa, masks, y_at, channels, x_channel,
-                          w_output, plane_y)
+                    _tile(8, taps, vl, step, x_at, w_at, b_at, oa, masks, y_at, channels,
+                          x_channel, w_output, plane_y)
                     o0 += 8
                 elif left >= 4:
-                    _tile(4, taps, vl, x_at, w_at, b_at, oa, masks, y_at, channels, x_channel,
-                          w_output, plane_y)
+                    _tile(4, taps, vl, step, x_at, w_at, b_at, oa, masks, y_at, channels,
+                          x_channel, w_output, plane_y)
                     o0 += 4
                 elif left >= 2:
-                    _tile(2, taps, vl, x_at, w_at, b_at, oa, masks, y_at, channels, x_channel,
-                          w_output, plane_y)
+                    _tile(2, taps, vl, step, x_at, w_at, b_at, oa, masks, y_at, channels,
+                          x_channel, w_output, plane_y)
                     o0 += 2
                 else:
-                    _tile(1, taps, vl, x_at, w_at, b_at, oa, masks, y_at, channels, x_channel,
-                          w_output, plane_y)
+                    _tile(1, taps, vl, step, x_at, w_at, b_at, oa, masks, y_at, channels,
+                          x_channel, w_output, plane_y)
                     o0 += 1
-    return cpu_variant(conv_direct, f"taps{taps}_vl{vl}", True)
+    return cpu_variant(conv_direct, f"taps{taps}_vl{vl}_step{step}", True)
 
 
 @intrinsic
@@ -253,47 +254,56 @@ class Layout(NamedTuple):
     flat: bool
     prepared: bool
     vl: int
+    step: int        # elements between a tap's consecutive inputs (2: ``x`` at stride 2)
     per_sample: tuple
     offsets: list
     x_channel: int
     x_row: int
 
 
-def layout(x_shape, kernel_size, stride, padding, dilation) -> Layout:
-    """The input layout for ``x_shape``. With a horizontal stride of 1 the kernels read ``x``
-    itself, taps masked where they fall in the padding, if its rows line up with the tiles' (rows
-    mode, or flat with rows as long as the output's); else a prepared copy. Flat where the
-    vertical stride is 1 and rows of ``out_w`` would leave vector lanes empty."""
+def layout(x_shape, kernel_size, stride, padding, dilation, max_step: int = 2) -> Layout:
+    """The input layout for ``x_shape``. The kernels read ``x`` itself, taps masked where they
+    fall in the padding, where its rows line up with the tiles': rows mode with a horizontal
+    stride of 1 or 2 (at most ``max_step``), or flat with stride 1 and rows as long as the
+    output's. Else a prepared copy. Flat where the vertical stride is 1 and rows of ``out_w``
+    would leave lanes empty."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
     channels, height, width = x_shape[1], x_shape[2], x_shape[3]
     out_h = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     out_w = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     flat = sh == 1 and out_w % VL != 0
-    if sw == 1 and (not flat or out_w == width):
+    if (sw == 1 and (not flat or out_w == width)) or (sw == 2 <= max_step and not flat):
         offsets = [i * dh * width + j * dw for i in range(kh) for j in range(kw)]
-        return Layout(flat, False, VL if flat else lanes(out_w), (), offsets, height * width,
-                      width)
+        return Layout(flat, False, VL if flat else lanes(out_w), sw, (), offsets,
+                      height * width, width)
     rows = max(height + 2 * ph, (out_h - 1) * sh + dh * (kh - 1) + 1)
     if flat:
         offsets = [j * rows * out_w + i * dh * out_w for i in range(kh) for j in range(kw)]
-        return Layout(True, True, VL, (channels, kw, rows, out_w), offsets, kw * rows * out_w,
-                      out_w)
+        return Layout(True, True, VL, 1, (channels, kw, rows, out_w), offsets,
+                      kw * rows * out_w, out_w)
     quarters = -(-max(width + 2 * pw, (out_w - 1) * sw + dw * (kw - 1) + 1) // sw)
     offsets = [i * dh * sw * quarters + ((j * dw) % sw) * quarters + (j * dw) // sw
                for i in range(kh) for j in range(kw)]
-    return Layout(False, True, lanes(out_w), (channels, rows, sw, quarters), offsets,
+    return Layout(False, True, lanes(out_w), 1, (channels, rows, sw, quarters), offsets,
                   rows * sw * quarters, sw * quarters)
 
 
+def _bits(valid, positions):
+    """Per row of ``valid [tiles, lanes]``, the int64 with bit ``positions[l]`` set where lane
+    ``l`` is."""
+    return (valid.astype(np.int64) << positions).sum(axis=1)
+
+
 @lru_cache(maxsize=128)   # built in numpy: once per layer shape, not on every call
-def tile_table(sample_shape, geometry):
+def tile_table(sample_shape, geometry, max_step: int = 2):
     """``[tiles, 3 + taps]`` int64, a row per tile of one sample's output (``VL`` or
     ``layout().vl`` consecutive outputs, in the order the kernels take them): its input offset
     in the layout, its output offset in the plane, the bits of the lanes stored, and per tap
-    the bits of the lanes that read (in a prepared layout, those stored; else those inside
-    ``x``). ``geometry`` as nested tuples, ``sample_shape`` ``(C, H, W)``."""
+    the bits of the elements it reads, ``Vectors.spaced_load``'s (in a prepared layout, the lanes
+    stored; else bit ``l * step`` for lane ``l`` inside ``x``). ``geometry`` as nested tuples,
+    ``sample_shape`` ``(C, H, W)``."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
-    lay = layout((1,) + sample_shape, *geometry)
+    lay = layout((1,) + sample_shape, *geometry, max_step)
     height, width = sample_shape[1:]
     out_h = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     out_w = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
@@ -309,12 +319,11 @@ def tile_table(sample_shape, geometry):
         ow = np.tile(np.arange(0, out_w, lay.vl), out_h)[:, None] + lane
         exists, y_at = ow < out_w, (oh * out_w + ow)[:, 0]
         x_at = (oh[:, 0] * sh * lay.x_row + ow[:, 0] if lay.prepared
-                else (oh[:, 0] * sh - ph) * width + ow[:, 0] - pw)
-    bits = lambda valid: (valid.astype(np.int64) << lane).sum(axis=1)
-    store = bits(exists)
+                else (oh[:, 0] * sh - ph) * width + ow[:, 0] * sw - pw)
+    store = _bits(exists, lane)
     reads = [store] * (kh * kw) if lay.prepared else [
-        bits(exists & (0 <= oh * sh - ph + i * dh) & (oh * sh - ph + i * dh < height)
-             & (0 <= ow - pw + j * dw) & (ow - pw + j * dw < width))
+        _bits(exists & (0 <= oh * sh - ph + i * dh) & (oh * sh - ph + i * dh < height)
+              & (0 <= ow * sw - pw + j * dw) & (ow * sw - pw + j * dw < width), lane * sw)
         for i in range(kh) for j in range(kw)]
     return np.ascontiguousarray(np.column_stack([x_at, y_at, store] + reads), np.int64)
 
@@ -325,17 +334,17 @@ def lanes(out_w: int) -> int:
     return VL if -(-out_w // VL) < -(-out_w // 8) else 8
 
 
-def padded_size(x_shape, kernel_size, stride, padding, dilation) -> int:
+def padded_size(x_shape, kernel_size, stride, padding, dilation, max_step: int = 2) -> int:
     """Float elements of one sample's prepared input (``xs`` or ``xw``); 0 where the kernels
     read ``x`` itself."""
-    lay = layout(x_shape, kernel_size, stride, padding, dilation)
+    lay = layout(x_shape, kernel_size, stride, padding, dilation, max_step)
     return int(np.prod(lay.per_sample)) if lay.prepared else 0
 
 
-def chunk_size(x_shape, geometry, work_size: int) -> int:
+def chunk_size(x_shape, geometry, work_size: int, max_step: int = 2) -> int:
     """Samples of ``x`` a call takes at a time: all of them where the kernels read ``x`` itself,
     else as many as ``work_size`` floats hold prepared (0: not even one)."""
-    per_sample = padded_size(x_shape, *geometry)
+    per_sample = padded_size(x_shape, *geometry, max_step)
     return x_shape[0] if per_sample == 0 else min(x_shape[0], (work_size - VL) // per_sample)
 
 
@@ -344,11 +353,12 @@ def supports(dtype, groups: int) -> bool:
     return np.dtype(dtype) == np.float32 and groups == 1
 
 
-def kernel_inputs(x_shape, geometry):
+def kernel_inputs(x_shape, geometry, max_step: int = 2):
     """``(layout, tile_table, tap offsets)`` for an input of ``x_shape``, cached per shape."""
     geometry = tuple(map(tuple, geometry))
-    lay = layout(x_shape, *geometry)
-    return lay, tile_table(tuple(x_shape[1:]), geometry), np.array(lay.offsets, np.int64)
+    lay = layout(x_shape, *geometry, max_step)
+    return (lay, tile_table(tuple(x_shape[1:]), geometry, max_step),
+            np.array(lay.offsets, np.int64))
 
 
 def conv_forward_direct(x, weight, bias, y, work, chunk, geometry):
@@ -356,7 +366,7 @@ def conv_forward_direct(x, weight, bias, y, work, chunk, geometry):
     ``work`` (flat float32, at least ``chunk * padded_size(...) + VL`` elements; none is used
     where ``padded_size`` is 0)."""
     lay, table, offsets = kernel_inputs(x.shape, geometry)
-    key = (len(offsets), lay.vl)
+    key = (len(offsets), lay.vl, lay.step)
     kernel = _KERNELS.get(key)
     if kernel is None:
         kernel = _KERNELS[key] = _direct_kernel(*key)
@@ -373,11 +383,11 @@ def conv_forward_direct(x, weight, bias, y, work, chunk, geometry):
         kernel(xs, w, b, offsets, table, y[n0:n1], lay.x_channel)
 
 
-def prepare_input(x, work, geometry):
+def prepare_input(x, work, geometry, max_step: int = 2):
     """``x`` copied into the front of ``work`` in the layout of ``layout`` (a prepared one);
     returns that copy as ``[samples, padded_size]``."""
     _, (_, sw), (ph, pw), (_, dw) = geometry
-    lay = layout(x.shape, *geometry)
+    lay = layout(x.shape, *geometry, max_step)
     if not lay.prepared:
         raise ValueError(f"prepare_input: the kernels read an input of {x.shape} with geometry "
                          f"{geometry} as it is; there is nothing to prepare")

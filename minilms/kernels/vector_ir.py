@@ -113,6 +113,20 @@ class Vectors:
         return b.call(self._load, [b.bitcast(element_pointer, self.type.as_pointer()),
                                    ir.Constant(I32, 4), mask, self.zero])
 
+    def spaced_load(self, element_pointer, bits, step: int):
+        """Lane ``l`` = ``element_pointer[l * step]`` (``step`` 1 or 2) where bit ``l * step`` of
+        the ``i64`` ``bits`` is set, else 0, reading nothing else: step 2 loads two vectors and
+        keeps the even lanes (one permute), where a gather costs a load per lane."""
+        b = self.builder
+        if step == 1:
+            return self.masked_load(element_pointer, self.mask_of_bits(bits))
+        assert step == 2, step
+        low = self.masked_load(element_pointer, self.mask_of_bits(bits))
+        high = self.masked_load(self.at(element_pointer, self.constant(self.vl)),
+                                self.mask_of_bits(b.lshr(bits, self.constant(self.vl))))
+        return b.shuffle_vector(low, high, ir.Constant(ir.VectorType(I32, self.vl),
+                                                       list(range(0, 2 * self.vl, 2))))
+
     def masked_gather(self, base, index, mask):
         """``base[index[i]]`` in lane ``i`` (``index`` a vector of ``i64``) where ``mask`` is
         set, else 0; masked lanes read nothing."""

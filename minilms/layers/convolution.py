@@ -141,7 +141,8 @@ class Convolution(Layer):
         self.k = self.in_group * kh * kw                 # rows of col
         self.out_h, self.out_w = out_h, out_w
         self._size_workspace(shape)
-        self.direct_per_sample = conv_direct.padded_size(shape, *self._geometry())
+        # the larger of the forward's and the weight gradient's prepared inputs (max_step 1)
+        self.direct_per_sample = conv_direct.padded_size(shape, *self._geometry(), max_step=1)
         if self.chunk:      # room for the direct paths' padded input (and dy) of a chunk, too
             transposed = conv_direct.transposed_geometry(self._geometry())
             pays = conv_direct.input_grad_pays((self.num_output, self.in_group) + self.kernel_size)
@@ -219,9 +220,9 @@ class Convolution(Layer):
         ones = flat[at:at + width] if self.bias else None
         return col, stage, ones
 
-    def _direct_chunk(self, flat, x) -> int:
+    def _direct_chunk(self, flat, x, max_step=2) -> int:
         """Samples of ``x`` the direct kernels take at a time (``conv_direct.chunk_size``)."""
-        return conv_direct.chunk_size(x.shape, self._geometry(), flat.size)
+        return conv_direct.chunk_size(x.shape, self._geometry(), flat.size, max_step)
 
     def _geometry(self):
         return self.kernel_size, self.stride, self.pad, self.dilation
@@ -281,7 +282,7 @@ class Convolution(Layer):
                     dx.shape, weight.shape, self._geometry()):
                 direct_dx = conv_input_grad.conv_input_grad_lanes(dy, weight, dx, flat,
                                                                   self._geometry())
-            chunk = self._direct_chunk(flat, x)
+            chunk = self._direct_chunk(flat, x, max_step=1)
             direct_dw = direct and chunk >= 1 and conv_weight_grad.weight_grad_pays(weight.shape)
             if direct_dw:
                 conv_weight_grad.conv_weight_grad_direct(x, dy, dweight, dbias, flat, chunk,

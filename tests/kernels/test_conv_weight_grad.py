@@ -32,8 +32,8 @@ def run(x, dy, geometry, chunk):
     o, c = dy.shape[1], x.shape[1]
     dweight = np.full((o, c) + geometry[0], np.nan, np.float32)
     dbias = np.full(o, np.nan, np.float32)
-    work = np.full(chunk * conv_direct.padded_size(x.shape, *geometry) + conv_direct.VL, np.nan,
-                   np.float32)
+    per_sample = conv_direct.padded_size(x.shape, *geometry, max_step=1)
+    work = np.full(chunk * per_sample + conv_direct.VL, np.nan, np.float32)
     conv_weight_grad.conv_weight_grad_direct(x, dy, dweight, dbias, work, chunk, geometry)
     return dweight, dbias
 
@@ -82,7 +82,8 @@ def test_either_gradient_alone():
     x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
     dy = rng.standard_normal((2, 4, 9, 9)).astype(np.float32)
     g = ((3, 3), (1, 1), (1, 1), (1, 1))
-    work = np.full(2 * conv_direct.padded_size(x.shape, *g) + conv_direct.VL, np.nan, np.float32)
+    per_sample = conv_direct.padded_size(x.shape, *g, max_step=1)
+    work = np.full(2 * per_sample + conv_direct.VL, np.nan, np.float32)
     dbias = np.full(4, np.nan, np.float32)
     conv_weight_grad.conv_weight_grad_direct(x, dy, None, dbias, work, 2, g)
     np.testing.assert_allclose(dbias, reference(x, dy, *g)[1], rtol=1e-5)
