@@ -32,11 +32,12 @@ REGISTERS = 32    # AVX-512's vector registers (AVX2 has 16: the blocks then spi
 
 
 @intrinsic
-def _weight_tile(typingctx, block, rows, cols, vl, x, dy, row_step, columns, positions,
-                 position_count, position_step, first_tap, samples, x_sample, dy_sample,
-                 dy_plane, dw, w_output, accumulate):
+def _weight_tile(typingctx, block, rows, cols, vl, same_masks, x, dy, row_step, columns,
+                 positions, position_count, position_step, first_tap, samples, x_sample,
+                 dy_sample, dy_plane, dw, w_output, accumulate):
     """``dw[o * w_output + t] (+)= sum over samples and positions of dy . x`` for ``block``
-    outputs and the ``rows x cols`` taps of ``rows`` kernel rows (integer literals). Tap ``(i,
+    outputs and the ``rows x cols`` taps of ``rows`` kernel rows (integer literals, as are
+    ``vl`` and ``same_masks``, 1 where every tap reads the lanes of ``dy``). Tap ``(i,
     j)`` reads ``x + i * row_step + columns[j]``: ``rows + cols`` integer registers address all
     taps, where a table of ``rows * cols`` offsets would spill. Addresses as integers, strides in
     elements: ``x`` at one channel's input of sample 0 at the group's first kernel row, ``dy``
@@ -45,15 +46,16 @@ def _weight_tile(typingctx, block, rows, cols, vl, x, dy, row_step, columns, pos
     dy offset, the bits of the lanes of ``dy`` and of each tap's, the group's from
     ``first_tap``), ``dw`` at ``dweight[o0, c, first_tap]``. ``accumulate`` 0 overwrites
     ``dw``."""
-    if not all(isinstance(t, types.IntegerLiteral) for t in (block, rows, cols, vl)):
+    literals = (block, rows, cols, vl, same_masks)
+    if not all(isinstance(t, types.IntegerLiteral) for t in literals):
         return None
-    sig = types.void(block, rows, cols, vl, *([types.intp] * 15))
-    block, rows, cols, vl = (t.literal_value for t in (block, rows, cols, vl))
+    sig = types.void(*literals, *([types.intp] * 15))
+    block, rows, cols, vl, same_masks = (t.literal_value for t in literals)
     taps = rows * cols
 
     def codegen(context, builder, signature, args):
         (x, dy, row_step, columns, positions, position_count, position_step, first_tap, samples,
-         x_sample, dy_sample, dy_plane, dw, w_output, accumulate) = args[4:]
+         x_sample, dy_sample, dy_plane, dw, w_output, accumulate) = args[5:]
         v = Vectors(builder, vl)
         x, dy, dw = v.pointer(x), v.pointer(dy), v.pointer(dw)
         columns, positions = v.pointer(columns, I64), v.pointer(positions, I64)
@@ -76,8 +78,9 @@ def _weight_tile(typingctx, block, rows, cols, vl, x, dy, row_step, columns, pos
         for i in range(rows):
             row = v.at(x_here, builder.mul(constant(i), row_step))
             for j in range(cols):
-                inputs = v.masked_load(v.at(row, column_at[j]), v.mask_of_bits(
-                    builder.load(v.at(reads, constant(i * cols + j)))))
+                inputs = v.masked_load(v.at(row, column_at[j]), mask if same_masks else
+                                       v.mask_of_bits(builder.load(v.at(reads, constant(
+                                           i * cols + j)))))
                 for o in range(block):
                     t = o * taps + i * cols + j
                     current[t] = v.fma(grads[o], inputs, current[t])
@@ -107,7 +110,9 @@ def _block(taps: int) -> int:
     return max(1, min(4, (REGISTERS - 1) // (taps + 1)))
 
 
-def _weight_grad_kernel(kh: int, kw: int, rows: int, block: int, vl: int):
+def _weight_grad_kernel(kh: int, kw: int, rows: int, block: int, vl: int, prepared: bool):
+    same_masks = int(prepared)      # a prepared input's taps read the lanes of dy, no padding
+
     taps, groups = kh * kw, kh // rows
 
     def weight_grad(xs, dy, row_step, columns, positions, dw, x_channel, accumulate):
@@ -129,22 +134,23 @@ def _weight_grad_kernel(kh: int, kw: int, rows: int, block: int, vl: int):
             while left > 0:
                 dy_at, dw_at = da + 4 * o0 * plane, wa + 4 * (o0 * w_output + c * taps + t0)
                 if left == block:
-                    _weight_tile(block, rows, kw, vl, x_at, dy_at, row_step, ca, pa, count,
-                                 row_length, t0, samples, x_sample, dy_sample, plane, dw_at,
-                                 w_output, accumulate)
+                    _weight_tile(block, rows, kw, vl, same_masks, x_at, dy_at, row_step, ca, pa,
+                                 count, row_length, t0, samples, x_sample, dy_sample, plane,
+                                 dw_at, w_output, accumulate)
                     done = block
                 elif left >= 2:
-                    _weight_tile(2, rows, kw, vl, x_at, dy_at, row_step, ca, pa, count,
-                                 row_length, t0, samples, x_sample, dy_sample, plane, dw_at,
-                                 w_output, accumulate)
+                    _weight_tile(2, rows, kw, vl, same_masks, x_at, dy_at, row_step, ca, pa,
+                                 count, row_length, t0, samples, x_sample, dy_sample, plane,
+                                 dw_at, w_output, accumulate)
                     done = 2
                 else:
-                    _weight_tile(1, rows, kw, vl, x_at, dy_at, row_step, ca, pa, count,
-                                 row_length, t0, samples, x_sample, dy_sample, plane, dw_at,
-                                 w_output, accumulate)
+                    _weight_tile(1, rows, kw, vl, same_masks, x_at, dy_at, row_step, ca, pa,
+                                 count, row_length, t0, samples, x_sample, dy_sample, plane,
+                                 dw_at, w_output, accumulate)
                     done = 1
                 o0, left = o0 + done, left - done
-    return cpu_variant(weight_grad, f"k{kh}x{kw}_rows{rows}_block{block}_vl{vl}", True)
+    return cpu_variant(weight_grad, f"k{kh}x{kw}_rows{rows}_block{block}_vl{vl}_"
+                       f"{'prepared' if prepared else 'x'}", True)
 
 
 _KERNELS: dict = {}
@@ -190,7 +196,7 @@ def conv_weight_grad_direct(x, dy, dweight, dbias, work, chunk, geometry) -> Non
     # tap (i, j) at i * row_step + columns[j]: the layout's offsets, factored
     row_step, columns = (offsets[kw] - offsets[0] if kh > 1 else 0), offsets[:kw].copy()
     rows = _group_rows((kh, kw))
-    key = (kh, kw, rows, _block(rows * kw), lay.vl)
+    key = (kh, kw, rows, _block(rows * kw), lay.vl, lay.prepared)
     kernel = _KERNELS.get(key)
     if kernel is None:
         kernel = _KERNELS[key] = _weight_grad_kernel(*key)
