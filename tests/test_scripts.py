@@ -36,9 +36,9 @@ def test_bench_copy_bad_size_exits_2(capsys):
 def test_bench_kernels_prints_ratios_against_torch(capsys):
     pytest.importorskip("torch", reason="PyTorch not installed: it is bench_kernels' baseline")
     assert run_script("bench_kernels.py", "--only", "gemm", "bn", "conv", "--repeat", "1",
-                      "--settle", "0") == 0
+                      "--rounds", "2", "--settle", "0", "--warmup", "0") == 0
     out = capsys.readouterr().out
-    assert "ratio = torch time / minilms time" in out
+    assert "ratio = torch time / minilms time" in out and "each of 2 alternating rounds" in out
     rows = [line for line in out.splitlines() if line.startswith(("gemm ", "bn ", "conv "))]
     assert len(rows) == 20 and all(float(row.split()[-1].split()[0]) > 0 for row in rows
                                   if "<" not in row)
