@@ -16,9 +16,10 @@ row ``oh`` and ``OB`` consecutive output channels ``o0 ..``, it computes ``VL`` 
         acc[o] += w[o0 + o, c, i, j] * v                         (broadcast, FMA; o unrolled)
     y[o0 + o, oh, ow0 ...] = acc[o]
 
-Each tap's ``VL`` inputs must lie consecutively in memory. With a horizontal stride of 1 they do in
-``x`` itself: the kernels read it directly, and a lane whose tap falls in the padding is masked
-off (reads nothing, adds 0). ``tile_table`` lists each tile's offsets and, per tap, the lanes
+Each tap's ``VL`` inputs must lie consecutively in memory, or every other element. With a
+horizontal stride of 1 or 2 they do in ``x`` itself: the kernels read it directly (at stride 2,
+two loads whose even lanes one permute picks), and a lane whose tap falls in the padding is
+masked off (reads nothing, adds 0). ``tile_table`` lists each tile's offsets and, per tap, the lanes
 that read. A tile is a row segment (rows mode) or, where rows of ``out_w`` would leave lanes
 empty and the output is as wide as the input, ``VL`` consecutive outputs of the plane (flat
 mode: ``x.flat[p + i * dh * W + j * dw - ph * W - pw]`` for output ``p``).
@@ -63,9 +64,8 @@ def _tile(typingctx, block, taps, vl, step, x, w, bias, offsets, masks, y, chann
     the tile's first output, ``w`` at ``w[o0, 0, 0, 0]``, ``bias`` at ``bias[o0]``, ``offsets`` at
     ``taps`` element offsets (int64), ``masks`` at ``1 + taps`` bit masks (int64: the lanes
     stored, then the elements each tap reads, ``Vectors.spaced_load``'s; the others read nothing
-    and add 0), ``y`` at
-    ``y[o0, oh, ow0]``. A global, not a closure: Numba's disk cache keys a function on its
-    closure's pickle, and an intrinsic pickles differently in every process."""
+    and add 0), ``y`` at ``y[o0, oh, ow0]``. A global, not a closure: Numba's disk cache keys a
+    function on its closure's pickle, and an intrinsic pickles differently in every process."""
     if not all(isinstance(t, types.IntegerLiteral) for t in (block, taps, vl, step)):
         return None
     # The literals stay in the signature: the lowering looks the implementation up by it.
