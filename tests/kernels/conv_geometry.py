@@ -1,6 +1,9 @@
 """Random convolution geometries for the direct cpu kernels' hypothesis tests (``conv_direct``,
-``conv_weight_grad``, ``conv_input_grad``): each test picks its own ranges."""
+``conv_weight_grad``, ``conv_input_grad``): each test picks its own ranges. And ``amid_nans``:
+the kernels read their input in place, with taps in the padding masked off."""
 from typing import NamedTuple
+
+import numpy as np
 
 from hypothesis import strategies as st
 
@@ -49,3 +52,12 @@ def geometries(samples, channels, outputs, kernel_h, kernel_w, stride_h, height,
                      pairs(ints(kernel_h), ints(kernel_w)), pairs(ints(stride_h), ints((1, 3))),
                      pairs(ints((0, 2)), ints((0, 2))), pairs(ints((1, 2)), ints((1, 2))),
                      ints(height), ints(width))
+
+
+def amid_nans(array, margin: int = 64):
+    """A copy of ``array`` (contiguous) in the middle of a NaN-filled buffer: a kernel that
+    reads past either end, where its masks should have kept it, computes NaN."""
+    buffer = np.full(array.size + 2 * margin, np.nan, array.dtype)
+    inside = buffer[margin:margin + array.size].reshape(array.shape)
+    inside[...] = array
+    return inside

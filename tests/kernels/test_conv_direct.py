@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from minilms.kernels import conv_direct
 
-from .conv_geometry import geometries
+from .conv_geometry import amid_nans, geometries
 
 
 def reference(x, weight, bias, stride, pad, dilation):
@@ -30,7 +30,8 @@ def reference(x, weight, bias, stride, pad, dilation):
 
 def run(x, weight, bias, geometry, chunk, margin=64):
     """The kernel's output, written into the middle of a NaN-filled buffer: what lies around it
-    must stay NaN. The workspace is NaN too: every value the kernel stores must come from x."""
+    must stay NaN. The workspace is NaN too, and so is what lies around ``x``: every value the
+    kernel stores must come from x, read in place or prepared."""
     out_h = (x.shape[2] + 2 * geometry[2][0] - geometry[3][0] * (weight.shape[2] - 1) - 1) \
         // geometry[1][0] + 1
     out_w = (x.shape[3] + 2 * geometry[2][1] - geometry[3][1] * (weight.shape[3] - 1) - 1) \
@@ -40,7 +41,7 @@ def run(x, weight, bias, geometry, chunk, margin=64):
     y = buffer[margin:margin + int(np.prod(shape))].reshape(shape)
     per_sample = conv_direct.padded_size(x.shape, *geometry)
     work = np.full(chunk * per_sample + conv_direct.VL, np.nan, np.float32)
-    conv_direct.conv_forward_direct(x, weight, bias, y, work, chunk, geometry)
+    conv_direct.conv_forward_direct(amid_nans(x), weight, bias, y, work, chunk, geometry)
     assert np.isnan(buffer[:margin]).all() and np.isnan(buffer[-margin:]).all()
     return y
 

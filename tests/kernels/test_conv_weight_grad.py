@@ -1,6 +1,7 @@
 """The cpu's direct weight and bias gradients (register-blocked LLVM microkernel) against a float64
-reference built tap by tap from strided views, over random geometries; masked row ends read
-nothing (the workspace is NaN around the input); results do not depend on the chunk size."""
+reference built tap by tap from strided views, over random geometries; masked row ends and
+padding read nothing (the workspace, and the memory around the input, are NaN); results do not
+depend on the chunk size."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 from minilms.kernels import conv_direct, conv_weight_grad
 from minilms.kernels.im2col import conv_out_size
 
-from .conv_geometry import geometries
+from .conv_geometry import amid_nans, geometries
 
 
 def reference(x, dy, kernel_size, stride, pad, dilation):
@@ -28,13 +29,15 @@ def reference(x, dy, kernel_size, stride, pad, dilation):
 
 
 def run(x, dy, geometry, chunk):
-    """The kernel's gradients, from a NaN-filled workspace and NaN-filled outputs."""
+    """The kernel's gradients, from a NaN-filled workspace and NaN-filled outputs, with NaN
+    around ``x`` (read in place where the layout allows)."""
     o, c = dy.shape[1], x.shape[1]
     dweight = np.full((o, c) + geometry[0], np.nan, np.float32)
     dbias = np.full(o, np.nan, np.float32)
     per_sample = conv_direct.padded_size(x.shape, *geometry, max_step=1)
     work = np.full(chunk * per_sample + conv_direct.VL, np.nan, np.float32)
-    conv_weight_grad.conv_weight_grad_direct(x, dy, dweight, dbias, work, chunk, geometry)
+    conv_weight_grad.conv_weight_grad_direct(amid_nans(x), dy, dweight, dbias, work, chunk,
+                                             geometry)
     return dweight, dbias
 
 

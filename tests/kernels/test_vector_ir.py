@@ -1,0 +1,76 @@
+"""The vector IR helpers on their own: a loop built with ``open_loop``/``close_loop`` carries
+LLVM's no-unroll metadata in a form LLVM accepts and keeps, and ``spaced_load`` picks the even
+elements at step 2, reading nothing its bits leave out (run through LLVM's JIT)."""
+import ctypes
+
+import llvmlite.binding as llvm
+import numpy as np
+import pytest
+from llvmlite import ir
+
+from minilms.kernels.vector_ir import F32, I64, VL, Vectors
+
+
+def _compile(module):
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    parsed = llvm.parse_assembly(str(module))
+    parsed.verify()
+    target = llvm.Target.from_default_triple().create_target_machine(
+        features=llvm.get_host_cpu_features().flatten())
+    engine = llvm.create_mcjit_compiler(parsed, target)
+    engine.finalize_object()
+    return engine, parsed
+
+
+def _sum_kernel():
+    """``void f(float *x, i64 vectors, float *out)``: ``out[0 .. VL]`` = the lane-wise sum of
+    ``vectors`` consecutive vectors of ``x``, in a loop from ``open_loop``/``close_loop``."""
+    module = ir.Module(name="loop")
+    function = ir.Function(module, ir.FunctionType(ir.VoidType(), [F32.as_pointer(), I64,
+                                                                   F32.as_pointer()]), "f")
+    builder = ir.IRBuilder(function.append_basic_block("entry"))
+    v = Vectors(builder, VL)
+    x, vectors, out = function.args
+    body, k, (total,) = v.open_loop("vectors", [v.zero])
+    value = v.load(v.at(x, builder.mul(k, v.constant(VL))))
+    v.close_loop(body, k, [total], [builder.fadd(total, value)], vectors, "done")
+    builder.store(builder.fadd(total, value), builder.bitcast(out, v.type.as_pointer()), align=4)
+    builder.ret_void()
+    return module
+
+
+def test_loops_carry_a_self_referencing_no_unroll_id_llvm_accepts():
+    engine, parsed = _compile(_sum_kernel())
+    text = str(parsed)
+    assert "llvm.loop.unroll.disable" in text and "!llvm.loop" in text
+    address = engine.get_function_address("f")
+    run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)(address)
+    x = np.arange(5 * VL, dtype=np.float32)
+    out = np.zeros(VL, np.float32)
+    run(x.ctypes.data, 5, out.ctypes.data)
+    np.testing.assert_array_equal(out, x.reshape(5, VL).sum(axis=0))
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_spaced_load_picks_every_step_th_element_within_its_bits(step):
+    module = ir.Module(name="spaced")
+    function = ir.Function(module, ir.FunctionType(ir.VoidType(), [F32.as_pointer(), I64,
+                                                                   F32.as_pointer()]), "f")
+    builder = ir.IRBuilder(function.append_basic_block("entry"))
+    v = Vectors(builder, VL)
+    x, bits, out = function.args
+    builder.store(v.spaced_load(x, bits, step), builder.bitcast(out, v.type.as_pointer()),
+                  align=4)
+    builder.ret_void()
+    engine, _ = _compile(module)
+    run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)(
+        engine.get_function_address("f"))
+    rng = np.random.default_rng(step)
+    x = rng.standard_normal(step * VL).astype(np.float32)
+    lanes = rng.random(VL) < 0.6
+    bits = sum(1 << (lane * step) for lane in range(VL) if lanes[lane])
+    padded = np.concatenate([x, np.full(VL, np.nan, np.float32)])   # past the end: NaN
+    out = np.full(VL, np.nan, np.float32)
+    run(padded.ctypes.data, bits, out.ctypes.data)
+    np.testing.assert_array_equal(out, np.where(lanes, x[::step], 0))
