@@ -23,20 +23,29 @@ def _compile(module):
     return engine, parsed
 
 
-def _sum_kernel():
-    """``void f(float *x, i64 vectors, float *out)``: ``out[0 .. VL]`` = the lane-wise sum of
-    ``vectors`` consecutive vectors of ``x``, in a loop from ``open_loop``/``close_loop``."""
-    module = ir.Module(name="loop")
+def _function(name):
+    """``void f(float *x, i64 n, float *out)`` in a module of its own: ``(module, builder,
+    vectors, args)``, positioned in its entry block."""
+    module = ir.Module(name=name)
     function = ir.Function(module, ir.FunctionType(ir.VoidType(), [F32.as_pointer(), I64,
                                                                    F32.as_pointer()]), "f")
     builder = ir.IRBuilder(function.append_basic_block("entry"))
-    v = Vectors(builder, VL)
-    x, vectors, out = function.args
+    return module, builder, Vectors(builder, VL), function.args
+
+
+def _store_and_return(builder, v, value, out):
+    builder.store(value, builder.bitcast(out, v.type.as_pointer()), align=4)
+    builder.ret_void()
+
+
+def _sum_kernel():
+    """``out[0 .. VL]`` = the lane-wise sum of ``n`` consecutive vectors of ``x``, in a loop
+    from ``open_loop``/``close_loop``."""
+    module, builder, v, (x, vectors, out) = _function("loop")
     body, k, (total,) = v.open_loop("vectors", [v.zero])
     value = v.load(v.at(x, builder.mul(k, v.constant(VL))))
     v.close_loop(body, k, [total], [builder.fadd(total, value)], vectors, "done")
-    builder.store(builder.fadd(total, value), builder.bitcast(out, v.type.as_pointer()), align=4)
-    builder.ret_void()
+    _store_and_return(builder, v, builder.fadd(total, value), out)
     return module
 
 
@@ -54,15 +63,8 @@ def test_loops_carry_a_self_referencing_no_unroll_id_llvm_accepts():
 
 @pytest.mark.parametrize("step", [1, 2])
 def test_spaced_load_picks_every_step_th_element_within_its_bits(step):
-    module = ir.Module(name="spaced")
-    function = ir.Function(module, ir.FunctionType(ir.VoidType(), [F32.as_pointer(), I64,
-                                                                   F32.as_pointer()]), "f")
-    builder = ir.IRBuilder(function.append_basic_block("entry"))
-    v = Vectors(builder, VL)
-    x, bits, out = function.args
-    builder.store(v.spaced_load(x, bits, step), builder.bitcast(out, v.type.as_pointer()),
-                  align=4)
-    builder.ret_void()
+    module, builder, v, (x, bits, out) = _function("spaced")
+    _store_and_return(builder, v, v.spaced_load(x, bits, step), out)
     engine, _ = _compile(module)
     run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)(
         engine.get_function_address("f"))
