@@ -354,10 +354,15 @@ def supports(dtype, groups: int) -> bool:
 
 
 def kernel_inputs(x_shape, geometry, max_step: int = 2):
-    """``(layout, tile_table, tap offsets)`` for an input of ``x_shape``, cached per shape."""
-    geometry = tuple(map(tuple, geometry))
+    """``(layout, tile_table, tap offsets)`` for an input of ``x_shape``, cached per shape (a
+    call per convolution: none of it is rebuilt on the hot path). Read-only."""
+    return _kernel_inputs(tuple(x_shape), tuple(map(tuple, geometry)), max_step)
+
+
+@lru_cache(maxsize=128)
+def _kernel_inputs(x_shape, geometry, max_step):
     lay = layout(x_shape, *geometry, max_step)
-    return (lay, tile_table(tuple(x_shape[1:]), geometry, max_step),
+    return (lay, tile_table(x_shape[1:], geometry, max_step),
             np.array(lay.offsets, np.int64))
 
 

@@ -112,7 +112,6 @@ def _block(taps: int) -> int:
 
 def _weight_grad_kernel(kh: int, kw: int, rows: int, block: int, vl: int, prepared: bool):
     same_masks = int(prepared)      # a prepared input's taps read the lanes of dy, no padding
-
     taps, groups = kh * kw, kh // rows
 
     def weight_grad(xs, dy, row_step, columns, positions, dw, x_channel, accumulate):
