@@ -4,7 +4,7 @@ from setuptools import find_packages, setup
 # The CUDA toolkit comes from PyPI wheels (NVVM for compile_ptx, ptxas for resource reports),
 # so PTX compilation works on machines without a GPU or a system CUDA install.
 CUDA = ["numba-cuda[cu12]>=0.30"]
-# Data-parallel training (minilms.distributed): mpi4py, and MPICH from its PyPI wheel, which puts
+# Data-parallel training (minilms.training.distributed): mpi4py, and MPICH from its PyPI wheel, which puts
 # mpiexec beside the Python executable (no system MPI needed).
 MPI = ["mpi4py>=4", "mpich"]
 

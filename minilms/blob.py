@@ -17,7 +17,7 @@ import numpy as np
 
 from . import events
 from .device import Device
-from .pool import Slot
+from .device.pool import Slot
 
 ROLES = ("param", "param_grad", "activation", "activation_grad", "optimizer_state",
          "workspace", "input")

@@ -1,4 +1,6 @@
-"""The errors minilms raises on purpose. Each renders as one line a user can act on."""
+"""The errors minilms raises on purpose, every layer's: each renders as one line a user can act on.
+And the one did-you-mean hint those lines end with."""
+import difflib
 
 
 class MinilmsError(Exception):
@@ -31,3 +33,15 @@ class DatasetError(MinilmsError, ValueError):
 
 class PlanError(MinilmsError, MemoryError):
     """No plan fits: names the step, the bytes it needs and the capacity, and what to change."""
+
+
+class TraceError(MinilmsError):
+    """A trace file that cannot be read: names the file and what is wrong, in one line."""
+
+
+def did_you_mean(word, choices) -> str:
+    """``"; did you mean 'ReLU'?"`` for ``"Relu"``: the closest choice, ignoring case ("" if none
+    is close)."""
+    by_lower = {str(c).lower(): c for c in choices if c != word}
+    close = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1)
+    return f"; did you mean {by_lower[close[0]]!r}?" if close else ""

@@ -15,18 +15,17 @@ The schedule is what one training iteration does, in order, identically every it
 Updating each layer as soon as its backward is done gives the same weights as updating all at the
 end (no later backward step reads them), and lets LMS drop every gradient at once.
 ``schedule(delay_updates=True)`` puts every update after the last backward instead (in the same
-order): data-parallel training (``minilms.distributed``) averages layer L's gradients across
+order): data-parallel training (``minilms.training.distributed``) averages layer L's gradients across
 processes while the backward steps of earlier layers compute, and updates once they have arrived.
 
 Each ``Step`` lists the blobs it reads, writes (every element, old contents not needed), updates
 (reads then writes) and uses as workspace. Those lists are the whole truth the planner works from.
 """
-import difflib
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 from .layers import LAYERS, Layer
 
 RESERVED_KEYS = ("name", "type", "bottom", "top")
@@ -65,13 +64,6 @@ class Step:
         return self.reads + self.writes + self.updates + self.workspace
 
 
-def suggest(word: str, choices) -> str:
-    """``"; did you mean 'ReLU'?"`` for ``"Relu"``: the closest choice, ignoring case."""
-    by_lower = {str(c).lower(): c for c in choices if c != word}
-    close = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1)
-    return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
-
-
 def as_list(value) -> list:
     return [value] if isinstance(value, str) else list(value or [])
 
@@ -82,7 +74,7 @@ def build_layer(spec: dict, where: str) -> Layer:
     kind, name = spec["type"], spec["name"]
     if kind not in LAYERS:
         raise ConfigError(f"{where}.type", f"a layer type ({', '.join(sorted(LAYERS))})", kind,
-                          hint=suggest(kind, LAYERS))
+                          hint=did_you_mean(kind, LAYERS))
     options = {k: v for k, v in spec.items() if k not in RESERVED_KEYS}
     try:
         return LAYERS[kind](name, as_list(spec.get("bottom")), as_list(spec.get("top")), **options)
@@ -94,7 +86,7 @@ def build_layer(spec: dict, where: str) -> Layer:
                         if p not in ("self", "name", "bottom", "top")]
             raise ConfigError(f"{where}.{unknown[0]}", f"an option of {kind} "
                               f"({', '.join(accepted)})", options[unknown[0]],
-                              hint=suggest(unknown[0], accepted)) from None
+                              hint=did_you_mean(unknown[0], accepted)) from None
         raise ConfigError(where, f"the options {kind} needs ({error})", options) from None
 
 
@@ -147,7 +139,7 @@ class Net:
                 if later is None:
                     known = set(self.inputs) | {t for l in layers for t in l.top}
                     raise ConfigError(f"{here}.bottom", "a blob made by a layer or an input",
-                                      bottom, hint=suggest(bottom, known))
+                                      bottom, hint=did_you_mean(bottom, known))
                 cycle = self._path(layer, later, layers)
                 if cycle:
                     raise ConfigError(f"{here}.bottom", "a blob from an earlier layer, not a "

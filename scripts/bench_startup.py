@@ -16,7 +16,7 @@ directory again, after the cold run filled it. Kernels declared ``njit(cache=Fal
 every process, warm or not (the script lists them, read from the sources). ``data.val_size=0`` by
 default: the validation pass at the end of a run comes after the first step, and would otherwise
 be counted in it. ``import only`` times ``python -c "import minilms.commands.train,
-minilms.trainer"`` with the warm cache: what a process pays before it reads the config.
+minilms.training.trainer"`` with the warm cache: what a process pays before it reads the config.
 
 With ``--repeat R`` the whole sequence (cold t(1), warm t(1), warm t(1+N), import) runs R times,
 each with its own fresh cache directory; the best of each column is reported (the machine may be
@@ -89,7 +89,7 @@ def train_time(config, overrides, iters, cache_dir, scratch) -> float:
 
 
 def import_time(cache_dir) -> float:
-    return timed([sys.executable, "-c", "import minilms.commands.train, minilms.trainer"],
+    return timed([sys.executable, "-c", "import minilms.commands.train, minilms.training.trainer"],
                  dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir)))
 
 

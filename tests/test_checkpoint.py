@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from minilms import checkpoint as checkpoint_module
-from minilms.checkpoint import (CheckpointError, NoCheckpointError, apply_weights,
+from minilms.training.checkpoint import (CheckpointError, NoCheckpointError, apply_weights,
                                 load_checkpoint, load_weights, restore_rngs, save_checkpoint)
 from minilms.errors import MinilmsError
 
@@ -143,7 +143,7 @@ def checkpoint_number(k: int):
 SAVER = textwrap.dedent(inspect.getsource(checkpoint_number)) + textwrap.dedent("""
     import sys
     import numpy as np
-    from minilms.checkpoint import save_checkpoint
+    from minilms.training.checkpoint import save_checkpoint
     directory, k = sys.argv[1], int(sys.argv[2])
     print("ready", flush=True)
     while True:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from minilms.config import ConfigDumper, load_config, config_error_line
-from minilms.config_schema import SCHEMA, Section
+from minilms.config.schema import SCHEMA, Section
 from minilms.errors import ConfigError
 
 CASES = Path(__file__).parent / "config_cases"

@@ -1,4 +1,4 @@
-"""Data-parallel training (``minilms.distributed``).
+"""Data-parallel training (``minilms.training.distributed``).
 
 In one process: the delayed-update schedule and ``reduce_grads`` plans pass the replay checker;
 training through the reduce path with an identity reducer gives LMS's weights bit for bit; the
@@ -24,16 +24,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minilms import zoo
-from minilms.checkpoint import load_checkpoint
+from minilms.training.checkpoint import load_checkpoint
 from minilms.commands.common import run
 from minilms.commands.train import main
-from minilms.distributed import (GradientReducer, World, device_of, launched_size, memory_share,
+from minilms.training.distributed import (GradientReducer, World, device_of, launched_size, memory_share,
                                  sharers)
 from minilms.errors import PlanError
 from minilms.lms import LmsExecutor
 from minilms.net import Net
-from minilms.plan import Policy, make_plan
-from minilms.plan_check import check_plan
+from minilms.lms.planner import Policy, make_plan
+from minilms.lms.check import check_plan
 from minilms.solver import SGD, Adam
 
 from .devices import new_device

@@ -6,7 +6,7 @@ import pytest
 from minilms import zoo
 from minilms.device import make_device
 from minilms.errors import OutOfDeviceMemory
-from minilms.executor import ResidentExecutor
+from minilms.lms.executor import ResidentExecutor
 from minilms.net import Net
 from minilms.solver import SGD, Adam
 

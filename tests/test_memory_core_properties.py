@@ -10,7 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from minilms.blob import Blob, State
 from minilms.errors import OutOfDeviceMemory
-from minilms.pool import align_up
+from minilms.device.pool import align_up
 
 from .devices import new_device
 

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 from minilms import zoo
 from minilms.errors import ConfigError, PlanError
 from minilms.net import Net
-from minilms.plan_check import check_plan
-from minilms.plan import (Liveness, Policy, least_pool, make_plan, resident_bytes,
+from minilms.lms.check import check_plan
+from minilms.lms.planner import (Liveness, Policy, least_pool, make_plan, resident_bytes,
                           working_set_bytes)
-from minilms.pool import ALIGNMENT
+from minilms.device.pool import ALIGNMENT
 
 from .test_executor import RESIDUAL_INCEPTION
 

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from minilms.errors import OutOfDeviceMemory
-from minilms.pool import ALIGNMENT, Pool, align_up
+from minilms.device.pool import ALIGNMENT, Pool, align_up
 
 
 def test_allocations_are_aligned_and_rounded_up():

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from minilms.config_schema import SCHEMA
+from minilms.config.schema import SCHEMA
 from minilms.errors import ConfigError
 from minilms.schedules import make_schedule
 

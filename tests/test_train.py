@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minilms.checkpoint import load_checkpoint
+from minilms.training.checkpoint import load_checkpoint
 from minilms.commands.common import run
 from minilms.commands.train import main
 
@@ -250,8 +250,8 @@ def test_the_command_runs_as_a_module(tmp_path):
 def test_init_weights_start_from_given_weights(tmp_path, capsys):
     """``init_weights:`` a checkpoint's weights.npz: the trainer starts from exactly those; a file
     whose names do not fit the model is one line, with a did-you-mean."""
-    from minilms.commands.common import load
-    from minilms.trainer import Trainer
+    from minilms.config.build import load
+    from minilms.training.trainer import Trainer
     first = tmp_path / "first"
     assert train(tmp_path, f"run_dir={first}", "train.max_iters=3") == 0
     saved = load_checkpoint(first).weights

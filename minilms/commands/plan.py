@@ -13,12 +13,15 @@ the gradients its backward makes).
 import argparse
 from dataclasses import replace
 
-from ..cost import plan_for, simulate
+from ..lms.cost import plan_for, simulate
 from ..device import parse_link
 from ..errors import PlanError
-from ..plan import Plan, least_pool, make_plan, resident_bytes, working_set_bytes
+from ..lms.plan import Plan
+from ..lms.planner import least_pool, make_plan, resident_bytes, working_set_bytes
 from ..sizes import format_bytes
-from .common import build_net, cost_model, device_kind, load, lms_policy, planned_capacity, run
+from ..config.build import (build_net, cost_model, device_kind, load, lms_policy,
+                            planned_capacity)
+from .common import run
 
 COLUMNS = ("layer", "type", "output", "params", "working set", "in/iter", "out/iter", "pinned")
 

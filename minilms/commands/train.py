@@ -14,7 +14,7 @@ memory trace and its picture. Nothing is written before the config, the data, th
 have all been checked; every such mistake is one line on stderr and exit code 2.
 
 ``mpiexec -n N python -m minilms.train CONFIG.yaml`` trains data-parallel over N processes
-(``minilms.distributed``; the config's ``distributed`` section): rank 0 chooses the run directory
+(``minilms.training.distributed``; the config's ``distributed`` section): rank 0 chooses the run directory
 and writes what one process would; with ``trace: true`` every rank records its own trace, rank 0
 into ``trace.json``, rank R into ``trace.rankR.json``.
 """
@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError
-from .common import load, run
+from ..config.build import load
+from .common import run
 from .plan import report
 
 
@@ -88,8 +89,8 @@ def main(argv=None) -> int:
 
 
 def train(config, args) -> int:
-    from ..distributed import World, rank_suffix
-    from ..trainer import Trainer, record_trace
+    from ..training.distributed import World, rank_suffix
+    from ..training.trainer import Trainer, record_trace
     world = World.detect(config.distributed.timeout)
     run_dir = Path(world.share(str(run_directory(config, args.resume)), "the run directory"))
     if not args.resume and run_dir.exists() and any(run_dir.iterdir()):

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from ..pool import Pool, Slot
+from .pool import Pool, Slot
 
 
 class Device(ABC):

@@ -28,8 +28,10 @@ import numpy as np
 from numba import prange
 
 from .gemm import gemm
-from .im2col import PARALLEL_MIN, _source_cpu
+from .im2col import PARALLEL_MIN, source_index
 from .registry import cpu_variant
+
+source_cpu = source_index.cpu   # a plain global: what Numba can call from compiled code
 
 __all__ = ["im2col_batch", "col2im_batch", "conv_forward", "conv_backward"]
 
@@ -53,13 +55,13 @@ def _im2col_kernel(side_by_side: bool):
                     row = (c * kh + i) * kw + j
                     dst = col[row, n] if side_by_side else col[n, row]
                     for oh in range(out_h):
-                        h = _source_cpu(oh, i, sh, ph, dh)
+                        h = source_cpu(oh, i, sh, ph, dh)
                         at = oh * out_w
                         if 0 <= h < height:
                             # A test per element, not loops split at the padding: their short
                             # runs become memset/memmove calls, several times slower here.
                             for ow in range(out_w):
-                                w = _source_cpu(ow, j, sw, pw, dw)
+                                w = source_cpu(ow, j, sw, pw, dw)
                                 if 0 <= w < width:
                                     dst[at + ow] = x[n, c, h, w]
                                 else:
@@ -87,11 +89,11 @@ def _col2im_kernel(side_by_side: bool):
                     row = (c * kh + i) * kw + j
                     src = col[row, n] if side_by_side else col[n, row]
                     for oh in range(out_h):
-                        h = _source_cpu(oh, i, sh, ph, dh)
+                        h = source_cpu(oh, i, sh, ph, dh)
                         if 0 <= h < height:
                             at = oh * out_w
                             for ow in range(out_w):  # a test per element, as in im2col
-                                w = _source_cpu(ow, j, sw, pw, dw)
+                                w = source_cpu(ow, j, sw, pw, dw)
                                 if 0 <= w < width:
                                     img[h, w] += src[at + ow]
     return col2im_batch

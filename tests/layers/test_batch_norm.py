@@ -4,7 +4,7 @@ the option and shape errors."""
 import numpy as np
 import pytest
 
-from minilms.gradcheck import check_gradients
+from minilms.layers.gradcheck import check_gradients
 from minilms.layers import LAYERS, ShapeError
 from minilms.layers.run import LayerRun
 

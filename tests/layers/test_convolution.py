@@ -3,7 +3,7 @@ banded (bounded-workspace) path against the whole-image path, PyTorch, workspace
 import numpy as np
 import pytest
 
-from minilms.gradcheck import check_gradients
+from minilms.layers.gradcheck import check_gradients
 from minilms.layers import ShapeError
 from minilms.layers.convolution import Convolution
 from minilms.layers.run import LayerRun

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from minilms.device import CpuDevice
-from minilms.gradcheck import check_gradients
+from minilms.layers.gradcheck import check_gradients
 from minilms.layers import LAYERS, ShapeError, StepIO
 from minilms.layers.run import LayerRun
 

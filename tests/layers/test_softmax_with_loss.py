@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from minilms.gradcheck import check_gradients
+from minilms.layers.gradcheck import check_gradients
 from minilms.layers import LAYERS, ShapeError
 from minilms.layers.run import LayerRun
 

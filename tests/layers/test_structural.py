@@ -3,7 +3,7 @@ both devices, and against PyTorch where it is installed."""
 import numpy as np
 import pytest
 
-from minilms.gradcheck import check_gradients
+from minilms.layers.gradcheck import check_gradients
 from minilms.layers import LAYERS, ShapeError
 from minilms.layers.run import LayerRun
 

@@ -5,7 +5,7 @@ kept as a fold that resumes where it stopped, so reading a trace twice costs one
 """
 from dataclasses import dataclass, field
 
-from .blob import ROLES
+from ..blob import ROLES
 
 ROLE_ORDER = ROLES + ("other",)
 BEFORE = "(before the trace)"
@@ -91,7 +91,7 @@ class PoolReplay:
         return [[offset, *entry] for offset, entry in self.live.items()]
 
 
-class _Fold:
+class Fold:
     """Every total of a trace, built by one pass over its events; resumable, and plain data."""
 
     def __init__(self, roles: dict, live=None):
@@ -184,7 +184,7 @@ class _Fold:
         return state
 
     @classmethod
-    def from_json(cls, state: dict, roles: dict) -> "_Fold":
+    def from_json(cls, state: dict, roles: dict) -> "Fold":
         fold = cls(roles, state.pop("live"))
         missing = set(fold.to_json()) - {"live"} - set(state)
         if missing:

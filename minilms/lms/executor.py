@@ -13,14 +13,14 @@ device is the subclass's business:
 """
 import numpy as np
 
-from . import events
-from .blob import Blob
-from .errors import OutOfDeviceMemory
-from .kernels.elementwise import accumulate
-from .layers import StepIO
-from .net import Net, Step
-from .pool import align_up
-from .sizes import format_bytes
+from .. import events
+from ..blob import Blob
+from ..errors import OutOfDeviceMemory
+from ..kernels.elementwise import accumulate
+from ..layers import StepIO
+from ..net import Net, Step
+from ..device.pool import align_up
+from ..sizes import format_bytes
 
 
 class Executor:

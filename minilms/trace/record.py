@@ -35,21 +35,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import events
-from .errors import MinilmsError
-from .trace_fold import ROLE_ORDER, PlanInfo, _Fold
+from .. import events
+from ..errors import TraceError
+from .fold import ROLE_ORDER, PlanInfo, Fold
 
 __all__ = ["ROLE_ORDER", "record", "Trace", "TraceError", "load_trace", "measure_overhead",
-           "Overhead", "LayerRow", "main"]
+           "Overhead", "LayerRow"]
 
 FORMAT, VERSION = "minilms-trace", 1
 # The kinds the trace reads; "state" (a third of all events) it does not need.
 KINDS = ("alloc", "free", "h2d", "d2h", "copy", "drop", "kernel", "stall", "iteration", "plan",
          "gap")
-
-
-class TraceError(MinilmsError):
-    """A trace file that cannot be read: names the file and what is wrong, in one line."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +66,7 @@ class Trace:
         self.plans: list[PlanInfo] = []
         self.capacity_hint: int | None = None
         self._raw: list = []
-        self._fold = _Fold(self.roles)
+        self._fold = Fold(self.roles)
         self._done = 0                  # events folded so far
         self.initial_live: list | None = None   # what the pool held at the start, if known
         self._plans_seen: dict = {}     # id(plan) -> (plan, PlanInfo)
@@ -96,7 +92,7 @@ class Trace:
             live = [[s.offset, s.owner, s.nbytes, self.roles.get(s.owner, "other")]
                     for s in device.pool.slots()]
             self.initial_live = live
-            self._fold = _Fold(self.roles, live)
+            self._fold = Fold(self.roles, live)
 
     def _add_plan(self, plan, net, train) -> None:
         if id(plan) not in self._plans_seen:
@@ -106,7 +102,7 @@ class Trace:
             for name, role in info.roles.items():
                 self.roles.setdefault(name, role)
 
-    def _update(self) -> _Fold:
+    def _update(self) -> Fold:
         """Fold the events that arrived since the last read (roles first: a role may be named
         after the blob was placed)."""
         end = len(self._raw)
@@ -214,7 +210,7 @@ class Trace:
         if plan is None:
             return None
         if plan.least_pool is None and plan.live is not None:
-            from .plan import least_pool
+            from ..lms.planner import least_pool
             plan.least_pool = least_pool(*plan.live)
         return plan.least_pool
 
@@ -241,17 +237,17 @@ class Trace:
     def timeline(self):
         """``(times, by_role, gaps)``: the pool's bytes by role after each pool event kept,
         and the times where folded iterations were cut out (``trace_plot.Timeline``)."""
-        from .trace_plot import timeline
+        from .plot import timeline
         return timeline(self)
 
     def summary(self, table: bool = False) -> str:
-        from .trace_plot import summary_text
+        from .plot import summary_text
         return summary_text(self, table)
 
     def to_chrome(self, path=None) -> dict:
         """The trace in the Trace Event Format (Perfetto, chrome://tracing); written to ``path``
         when given."""
-        from .trace_chrome import chrome_trace
+        from .chrome import chrome_trace
         document = chrome_trace(self)
         if path is not None:
             _write(path, lambda f: json.dump(document, f))
@@ -262,7 +258,7 @@ class Trace:
         given). ``iteration``: which of the iterations kept to show (0 the first, -1 the
         latest); by default the latest training iteration, or the whole trace if it has none.
         ``axis``: ``"step"`` (each step the same width) or ``"time"``."""
-        from .trace_plot import plot
+        from .plot import plot
         figure = plot(self, iteration, axis)
         if path is not None:
             _write(path, lambda f: figure.savefig(f, format="png", dpi=110), binary=True)
@@ -348,7 +344,7 @@ def load_trace(path) -> Trace:
         trace.plans = [PlanInfo(**p) for p in document["plans"]]
         trace._raw = [_event(row) for row in document["events"]]
         trace._done = len(trace._raw)
-        trace._fold = _Fold.from_json(dict(document["totals"]), trace.roles)
+        trace._fold = Fold.from_json(dict(document["totals"]), trace.roles)
     except (KeyError, TypeError, ValueError, IndexError) as error:
         raise TraceError(f"{path}: not a minilms trace: malformed "
                          f"({type(error).__name__}: {error})") from None
@@ -405,39 +401,3 @@ def measure_overhead(iterate, repeats: int = 10) -> Overhead:
             traced.append(time.perf_counter() - started)
         count = len(trace._raw)
     return Overhead(min(plain), min(traced), count)
-
-
-# -- the command ---------------------------------------------------------------------------------
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m minilms.trace",
-                                description="Read a memory trace: its summary, a picture, a "
-                                            "Perfetto / chrome://tracing file.")
-    p.add_argument("trace", help="a trace.json (Trace.save), or a run directory holding one")
-    p.add_argument("--png", metavar="FILE", help="draw the pool over time, stacked by role")
-    p.add_argument("--chrome", metavar="FILE", help="write the Trace Event Format JSON")
-    p.add_argument("--table", action="store_true", help="add the per-layer table")
-    p.add_argument("--iteration", type=int, help="the picture shows this iteration (0 the "
-                                                  "first kept, -1 the latest; default: the "
-                                                  "latest training iteration)")
-    p.add_argument("--axis", choices=("step", "time"), default="step",
-                   help="the picture's x axis: steps of equal width, or time")
-    return p
-
-
-def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    trace = load_trace(args.trace)
-    print(trace.summary(table=args.table))
-    if args.png:
-        trace.plot(args.png, iteration=args.iteration, axis=args.axis)
-        print(f"picture: {args.png}")
-    if args.chrome:
-        trace.to_chrome(args.chrome)
-        print(f"chrome trace: {args.chrome} (open in https://ui.perfetto.dev)")
-    return 0
-
-
-if __name__ == "__main__":
-    from minilms.commands.common import run
-    from minilms.trace import main as trace_main   # the package's module, not this __main__ copy
-    sys.exit(run(trace_main))

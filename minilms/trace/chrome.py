@@ -8,8 +8,8 @@ stacked (Perfetto as one track per role). Slices on one thread must nest: clock 
 on different threads can overlap by a tick, so a slice that would overlap the one before it
 partially is clipped to it.
 """
-from .sizes import format_bytes
-from .trace_plot import timeline
+from ..sizes import format_bytes
+from .plot import timeline
 
 PID = 1
 THREADS = {"iterations": 1, "compute": 2, "copy": 3, "sync": 4}

@@ -11,9 +11,9 @@ for the large activations that LMS moves around.
 import bisect
 from dataclasses import dataclass
 
-from . import events
-from .errors import OutOfDeviceMemory
-from .sizes import format_bytes
+from .. import events
+from ..errors import OutOfDeviceMemory
+from ..sizes import format_bytes
 
 ALIGNMENT = 256  # bytes: what cudaMalloc guarantees, and enough for any dtype and coalesced access
 

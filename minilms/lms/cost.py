@@ -22,10 +22,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .errors import PlanError
-from .net import Net, Step
-from .plan import Liveness, Plan, Policy, make_plan
-from .sizes import format_bytes
+from ..errors import PlanError
+from ..net import Net, Step
+from .liveness import Liveness
+from .plan import Plan, Policy
+from .planner import make_plan
+from ..sizes import format_bytes
 
 GB = 1e9
 PREFETCH_CHOICES = (1, 2, 3, 4, 6, 8)

@@ -43,7 +43,6 @@ new one is in. A process killed between those two renames leaves no ``<tag>`` bu
 ``<tag>.old-<pid>``: loading reads that one, and the next save renames it back before anything
 else. Leftover ``.tmp-`` directories of dead processes are removed by the next save.
 """
-import difflib
 import json
 import os
 import re
@@ -56,7 +55,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .errors import MinilmsError
+from ..errors import MinilmsError, did_you_mean
 
 WEIGHTS, STATE, TRAINER, LATEST = "weights.npz", "state.npz", "trainer.json", "latest"
 FORMAT = "minilms-checkpoint/1"
@@ -387,7 +386,7 @@ def apply_weights(blobs: dict, weights: dict, strict: bool = True,
         name = unexpected[0]
         others = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise CheckpointError(f"{prefix}{name}", "a name of this net's blobs",
-                              f"no such blob{others}", suggest(name, missing or list(blobs)))
+                              f"no such blob{others}", did_you_mean(name, missing or list(blobs)))
     if strict and missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
                                           else "")
@@ -407,7 +406,3 @@ def apply_weights(blobs: dict, weights: dict, strict: bool = True,
 def describe(dtype, shape) -> str:
     return f"{np.dtype(dtype)} {list(shape)}"
 
-
-def suggest(word: str, choices) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""

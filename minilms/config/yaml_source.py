@@ -8,8 +8,7 @@ import re
 import yaml
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
-from .config_schema import did_you_mean
-from .errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 
 _EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
 _TAG = "tag:yaml.org,2002:"
@@ -42,19 +41,19 @@ def _represent_str(dumper, data):
     return dumper.represent_scalar(_TAG + "str", data, style=style)
 
 
-class _Layer(dict):
+class LayerMap(dict):
     """A layer mapping, written on one line like the configs in the docs."""
 
 
 ConfigDumper.add_representer(list, _represent_list)
 ConfigDumper.add_representer(str, _represent_str)
 ConfigDumper.add_representer(
-    _Layer, lambda dumper, data: dumper.represent_mapping(_TAG + "map", data, flow_style=True))
+    LayerMap, lambda dumper, data: dumper.represent_mapping(_TAG + "map", data, flow_style=True))
 for _cls in (ConfigLoader, ConfigDumper):   # on these classes only: yaml's own stay YAML 1.1
     _cls.add_implicit_resolver(_TAG + "float", _EXPONENT_FLOAT, list("-+0123456789."))
 
 
-def _error(where: str, key: str, expected: str, found, hint: str = "", found_text: str = ""):
+def config_error(where: str, key: str, expected: str, found, hint: str = "", found_text: str = ""):
     """A ConfigError; ``found_text`` words a finding that is a description, not a value."""
     error = ConfigError(key, expected, found, where or None, hint)
     if found_text or not key:
@@ -64,7 +63,7 @@ def _error(where: str, key: str, expected: str, found, hint: str = "", found_tex
     return error
 
 
-def _unknown_key(where: str, key: str, known, name_key: bool = True):
+def unknown_key(where: str, key: str, known, name_key: bool = True):
     word = key.rsplit(".", 1)[-1]
     hint = did_you_mean(word, known) or f"; known keys: {', '.join(known)}"
     error = ConfigError(key, "a known key", word, where, hint)
@@ -72,7 +71,7 @@ def _unknown_key(where: str, key: str, known, name_key: bool = True):
     return error
 
 
-def _join(path: str, segment) -> str:
+def join_key(path: str, segment) -> str:
     if isinstance(segment, int):
         return f"{path}[{segment}]"
     return f"{path}.{segment}" if path else segment
@@ -86,7 +85,7 @@ _PATH = re.compile(r"[A-Za-z_][\w-]*(?:\[\d+\])*(?:\.[A-Za-z_][\w-]*(?:\[\d+\])*
 _SEGMENT = re.compile(r"([A-Za-z_][\w-]*)|\[(\d+)\]")
 
 
-def _split(path: str) -> list | None:
+def split_key(path: str) -> list | None:
     """``"model.layers[3].type"`` -> ``["model", "layers", 3, "type"]``; None if malformed."""
     if not _PATH.fullmatch(path):
         return None
@@ -140,17 +139,17 @@ class _Converter:
     def value(self, node, path: str):
         self.budget -= 1
         if self.budget < 0:
-            raise _error(self.label, path, f"at most {MAX_VALUES} values", None,
+            raise config_error(self.label, path, f"at most {MAX_VALUES} values", None,
                          found_text="more (aliases that expand without end?)")
         if id(node) in self.inside:
-            raise _error(self.where(node), path, "a value that does not contain itself", None,
+            raise config_error(self.where(node), path, "a value that does not contain itself", None,
                          found_text="an alias to a collection around it")
         if isinstance(node, (MappingNode, SequenceNode)) and node.tag in _COLLECTIONS:
             self.inside.add(id(node))
             try:
                 if isinstance(node, MappingNode):
                     return self.mapping(node, path)
-                return [self.item(item, _join(path, i)) for i, item in enumerate(node.value)]
+                return [self.item(item, join_key(path, i)) for i, item in enumerate(node.value)]
             finally:
                 self.inside.discard(id(node))
         if isinstance(node, ScalarNode) and node.tag == _TAG + "timestamp":
@@ -160,7 +159,7 @@ class _Converter:
                 return self.loader.construct_object(node)
             except (yaml.YAMLError, ValueError):      # e.g. !!int abc
                 pass
-        raise _error(self.where(node), path, "a plain YAML value (no tags)", None,
+        raise config_error(self.where(node), path, "a plain YAML value (no tags)", None,
                      found_text=f"{node.tag.replace(_TAG, '!!')} {node.value!r}"
                      if isinstance(node, ScalarNode) else node.tag.replace(_TAG, "!!"))
 
@@ -174,18 +173,18 @@ class _Converter:
         try:
             self.loader.flatten_mapping(node)     # merge keys (<<: *defaults) come first
         except yaml.YAMLError as error:
-            raise _error(self.where(node), path, "a valid merge (<<)", None,
+            raise config_error(self.where(node), path, "a valid merge (<<)", None,
                          found_text=getattr(error, "problem", "") or "something else") from None
         result, line_of = {}, {}     # line_of: keys spelt out here (a merged key may be replaced)
         for key_node, value_node in node.value:
             key = key_node.value if isinstance(key_node, ScalarNode) else None
             if not isinstance(key_node, ScalarNode) or key_node.tag != _TAG + "str":
-                raise _error(self.where(key_node), path or "(top level)", "text keys (quote "
+                raise config_error(self.where(key_node), path or "(top level)", "text keys (quote "
                              "keys like on, no, 1 or null)", None, found_text=f"the key {key!r}")
-            here = _join(path, key)
+            here = join_key(path, key)
             if id(key_node) in written_here:
                 if key in line_of:
-                    raise _error(self.where(key_node), here, "each key once", None,
+                    raise config_error(self.where(key_node), here, "each key once", None,
                                  found_text=f"it again (first at line {line_of[key]})")
                 line_of[key] = key_node.start_mark.line + 1
             if self.origin is not None:
@@ -203,7 +202,7 @@ def _position(node) -> tuple:
     return node.start_mark.line + 1, node.start_mark.column + 1
 
 
-def _compose(text: str, label: str, origin: Origin | None, path: str = ""):
+def compose(text: str, label: str, origin: Origin | None, path: str = ""):
     """The value in ``text`` (at key ``path``), or ``...`` (Ellipsis) when there is none."""
     loader = None
     try:
@@ -213,7 +212,7 @@ def _compose(text: str, label: str, origin: Origin | None, path: str = ""):
     except yaml.YAMLError as error:
         raise _syntax_error(error, text, label, origin is not None) from None
     except RecursionError:
-        raise _error(label, "", "valid YAML nested a few hundred levels at most", None,
+        raise config_error(label, "", "valid YAML nested a few hundred levels at most", None,
                      found_text="deeper nesting") from None
     finally:
         if loader is not None:
@@ -239,4 +238,4 @@ def _syntax_error(error: yaml.YAMLError, text: str, label: str, with_lines: bool
     elif match := _BUT_FOUND.fullmatch(found):
         expected, found = f"valid YAML ({match.group(1)})", match.group(2)
     found = found.removeprefix("found ")
-    return _error(where, "", expected, None, found_text=" ".join(found.split()))
+    return config_error(where, "", expected, None, found_text=" ".join(found.split()))

@@ -4,14 +4,14 @@ schedule, evaluation, metrics, checkpoints and resume.
 ``Trainer(config)`` does everything that can fail on bad input first (datasets opened, net built,
 device made, plan computed) and writes nothing; ``Trainer.run(run_dir)`` then trains, writing
 ``metrics.jsonl`` and ``metrics.csv`` (one row per logged iteration and per evaluation), checkpoints
-(``minilms.checkpoint``) and, with ``trace: true``, the memory trace.
+(``minilms.training.checkpoint``) and, with ``trace: true``, the memory trace.
 
 Determinism: the initial weights come from ``seed``; the data order and augmentation from
 ``(seed, epoch, batch)`` (``BatchLoader``); dropout from the executor's generator, whose state is
 checkpointed; the learning rate and Adam's step from the iteration. So a run resumed from any
 checkpoint ends with the weights the uninterrupted run ends with.
 
-Data parallel (``mpiexec -n N``, a ``World`` from ``minilms.distributed``): every rank trains on
+Data parallel (``mpiexec -n N``, a ``World`` from ``minilms.training.distributed``): every rank trains on
 its shard of each epoch with its own device, rank 0's initial weights and state are broadcast,
 gradients are averaged before each update, and the logged loss and accuracy are averages over the
 ranks. Validation: each rank evaluates its unpadded shard and the sums are reduced, so every
@@ -28,17 +28,17 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .checkpoint import apply_weights, load_checkpoint, load_weights, restore_rngs, save_checkpoint
-from .commands.common import build_net, lms_policy
-from .cost import CostModel, measure_cpu
-from .datasets import OPTIONS, BatchLoader, make_dataset, make_transform
-from .device import AUTO_FRACTION, make_device, parse_link, resolve_kind
-from .device.cpu import host_memory_info
+from ..config.build import build_net, lms_policy
+from ..lms.cost import CostModel, measure_cpu
+from ..datasets import OPTIONS, BatchLoader, make_dataset, make_transform
+from ..device import AUTO_FRACTION, make_device, parse_link, resolve_kind
+from ..device.cpu import host_memory_info
 from .distributed import GradientReducer, World, device_of, memory_share, sharers
-from .errors import ConfigError
-from .lms import LmsExecutor
-from .schedules import make_schedule
-from .sizes import format_bytes
-from .solver import SGD, Adam
+from ..errors import ConfigError
+from ..lms.replay import LmsExecutor
+from ..schedules import make_schedule
+from ..sizes import format_bytes
+from ..solver import SGD, Adam
 
 METRICS = ("split", "epoch", "iteration", "loss", "accuracy", "lr", "images_per_s",
            "mib_moved", "stall_ms")
@@ -121,7 +121,7 @@ class Trainer:
             device_id = device_of(world.local_rank, gpus)
         if world.distributed and memory == "auto":
             if kind == "cuda":
-                from .device.cuda import free_gpu_memory
+                from ..device.cuda import free_gpu_memory
                 free = free_gpu_memory(device_id)
             else:
                 free = host_memory_info()[0]
@@ -336,6 +336,6 @@ def record_trace(enabled: bool, trainer: Trainer):
     if not enabled:
         from contextlib import nullcontext
         return nullcontext(None)
-    from .trace import record
+    from ..trace.record import record
     return record(executor=trainer.executor)
 

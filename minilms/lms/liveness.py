@@ -8,7 +8,7 @@ planner (``minilms.plan``) decides everything from these answers.
 """
 import bisect
 
-from .net import Net, Step
+from ..net import Net, Step
 
 PERSISTENT_ROLES = ("param", "optimizer_state")
 INFINITY = float("inf")

@@ -11,9 +11,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .sizes import format_bytes
-from .trace import TraceError
-from .trace_fold import ROLE_ORDER, PoolReplay
+from ..sizes import format_bytes
+from ..errors import TraceError
+from .fold import ROLE_ORDER, PoolReplay
 
 ROLE_COLORS = {"param": "#1f77b4", "param_grad": "#9ecae1", "activation": "#ff7f0e",
                "activation_grad": "#fdae6b", "optimizer_state": "#9467bd",

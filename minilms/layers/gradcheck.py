@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layers.base import Layer
-from .layers.run import LayerRun
+from .base import Layer
+from .run import LayerRun
 
 
 @dataclass

@@ -9,14 +9,13 @@ become floats, choices lower case, sizes exactly as written) or raises ``Invalid
 was expected and what was found. ``check_together`` holds the rules that span several fields.
 """
 import copy
-import difflib
 import math
 from dataclasses import dataclass
 
-from .device.link import LINKS_GBPS
-from .errors import ConfigError
-from .sizes import EXPECTED as SIZE_EXPECTED
-from .sizes import parse_size
+from ..device.link import LINKS_GBPS
+from ..errors import ConfigError, did_you_mean
+from ..sizes import EXPECTED as SIZE_EXPECTED
+from ..sizes import parse_size
 
 ZOO_MODELS = ("lenet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "googlenet")
 DATASETS = ("shapes", "mnist", "fashion_mnist", "cifar10", "imagefolder", "npz")
@@ -31,11 +30,6 @@ class Invalid(Exception):
         super().__init__(expected)
         self.expected, self.found, self.at, self.hint, self.found_text = (
             expected, found, at, hint, found_text)
-
-
-def did_you_mean(word, choices) -> str:
-    close = difflib.get_close_matches(str(word).lower(), [str(c) for c in choices], n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 class Check:

@@ -1,6 +1,6 @@
 """Run configs: a YAML file plus ``key.sub=value`` overrides, checked against the schema, with every
 mistake reported as one line that says where it is (``FILE:LINE:COL``), what was expected and what
-was found. The schema itself (keys, defaults, checks) is data, in ``minilms.config_schema``.
+was found. The schema itself (keys, defaults, checks) is data, in ``minilms.config.schema``.
 
     config = load_config("quick.yaml", ["train.max_iters=20", "solver.lr=1e-3"])
     config.solver.lr == config["solver"]["lr"] == 0.001
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import yaml
 
-from .config_schema import SCHEMA, Invalid, Section, check_together, did_you_mean
-from .config_yaml import (ConfigDumper, ConfigLoader, Origin, _compose, _error, _join, _Layer,
-                          _split, _unknown_key)
-from .errors import ConfigError
+from .schema import SCHEMA, Invalid, Section, check_together
+from .yaml_source import (ConfigDumper, ConfigLoader, Origin, compose, config_error, join_key, LayerMap,
+                          split_key, unknown_key)
+from ..errors import ConfigError, did_you_mean
 
 __all__ = ["Config", "load_config", "config_error_line", "ConfigLoader", "ConfigDumper"]
 
@@ -41,27 +41,27 @@ def _read(path) -> tuple[dict, Origin]:
     origin = Origin(str(path))
     label, file = origin.file, Path(path)
     if file.is_dir():
-        raise _error(label, "", "a YAML config file", None, found_text="a directory")
+        raise config_error(label, "", "a YAML config file", None, found_text="a directory")
     try:
         text = file.read_bytes().decode("utf-8-sig")
     except FileNotFoundError:
-        raise _error(label, "", "a YAML config file", None, found_text="no such file") from None
+        raise config_error(label, "", "a YAML config file", None, found_text="no such file") from None
     except OSError as error:
-        raise _error(label, "", "a readable YAML config file", None,
+        raise config_error(label, "", "a readable YAML config file", None,
                      found_text=error.strerror or type(error).__name__) from None
     except UnicodeDecodeError as error:
         bad_byte = error.object[error.start]
-        raise _error(label, "", "UTF-8 text", None,
+        raise config_error(label, "", "UTF-8 text", None,
                      found_text=f"byte {bad_byte:#04x} at offset {error.start}") from None
     except ValueError:                                  # a NUL character in the path
-        raise _error(label, "", "a path to a YAML config file", None,
+        raise config_error(label, "", "a path to a YAML config file", None,
                      found_text="a path with a NUL character") from None
-    tree = _compose(text, label, origin)
+    tree = compose(text, label, origin)
     if tree is Ellipsis or tree is None:
-        raise _error(label, "", "a mapping of settings (model, data, solver, ...)", None,
+        raise config_error(label, "", "a mapping of settings (model, data, solver, ...)", None,
                      found_text="an empty file")
     if not isinstance(tree, dict):
-        raise _error(label, "", "a mapping of settings (model, data, solver, ...) at the top level",
+        raise config_error(label, "", "a mapping of settings (model, data, solver, ...) at the top level",
                      tree, found_text="a list" if isinstance(tree, list) else repr(tree))
     return tree, origin
 
@@ -71,22 +71,22 @@ def _apply_override(tree: dict, text: str, origin: Origin) -> None:
     kept as written, like model.layers) already in the config."""
     source = f"override {text}"
     key, equals, value_text = str(text).partition("=")
-    segments = _split(key.strip())
+    segments = split_key(key.strip())
     if not equals or not segments:
-        raise _error(source, "", "key.path=value, like train.max_iters=20", text)
-    value = _compose(value_text, source, None, key.strip())
+        raise config_error(source, "", "key.path=value, like train.max_iters=20", text)
+    value = compose(value_text, source, None, key.strip())
     value = None if value is Ellipsis else value
     section, container, path = SCHEMA, tree, ""
     for depth, segment in enumerate(segments):
-        here, last = _join(path, segment), depth == len(segments) - 1
+        here, last = join_key(path, segment), depth == len(segments) - 1
         if section is not None:         # a schema section: the key must be one of its fields
             if not isinstance(container, dict):
-                raise _error(origin.locate(path), path, "a mapping of settings", container)
+                raise config_error(origin.locate(path), path, "a mapping of settings", container)
             if isinstance(segment, int):
-                raise _error(source, path, "a key, not an index (keys: "
+                raise config_error(source, path, "a key, not an index (keys: "
                              f"{', '.join(section.fields)})", segment)
             if segment not in section.fields:
-                raise _unknown_key(source, here, list(section.fields), name_key=not last)
+                raise unknown_key(source, here, list(section.fields), name_key=not last)
             spec = section.fields[segment]
             if not last and container.get(segment) is None:     # not written: start from default
                 container[segment] = spec.defaults() if isinstance(spec, Section) \
@@ -94,9 +94,9 @@ def _apply_override(tree: dict, text: str, origin: Origin) -> None:
             section = spec if isinstance(spec, Section) else None
         elif isinstance(segment, int):  # inside a value kept as written: only what is there
             if not isinstance(container, list) or segment >= len(container):
-                raise _error(source, path, f"a list with an item {segment}", container)
+                raise config_error(source, path, f"a list with an item {segment}", container)
         elif not isinstance(container, dict) or (not last and segment not in container):
-            raise _error(source, path, f"a mapping with a key {segment!r}", container)
+            raise config_error(source, path, f"a mapping with a key {segment!r}", container)
         if last:
             container[segment] = value
             origin.overridden(here, source)
@@ -109,14 +109,14 @@ def _resolve(section: Section, raw, path: str, origin: Origin) -> dict:
     if raw is None:
         raw = {}        # "solver:" with nothing under it: all defaults
     if not isinstance(raw, dict):
-        raise _error(origin.locate(path), path, f"a mapping with keys {', '.join(section.fields)}",
+        raise config_error(origin.locate(path), path, f"a mapping with keys {', '.join(section.fields)}",
                      raw)
     given = {}
     for key, value in raw.items():
-        here = _join(path, key)
+        here = join_key(path, key)
         spec = section.fields.get(key)
         if spec is None:
-            raise _unknown_key(origin.locate(here, at_value=False), here, list(section.fields))
+            raise unknown_key(origin.locate(here, at_value=False), here, list(section.fields))
         if isinstance(spec, Section):
             given[key] = _resolve(spec, value, here, origin)
             continue
@@ -131,7 +131,7 @@ def _resolve(section: Section, raw, path: str, origin: Origin) -> dict:
 
 def _invalid(error: Invalid, path: str, origin: Origin) -> ConfigError:
     key = path + error.at
-    return _error(origin.locate(key), key, error.expected, error.found, error.hint,
+    return config_error(origin.locate(key), key, error.expected, error.found, error.hint,
                   error.found_text)
 
 
@@ -181,7 +181,7 @@ class Config(Mapping):
     def __getitem__(self, key):
         value = self._values[key]
         if isinstance(value, dict):
-            return Config(value, self._origin, _join(self._prefix, key))
+            return Config(value, self._origin, join_key(self._prefix, key))
         return copy.deepcopy(value) if isinstance(value, list) else value
 
     def __getattr__(self, name):
@@ -214,7 +214,7 @@ class Config(Mapping):
 
     def _has(self, path: str) -> bool:
         value = self._origin.values
-        for segment in _split(path) or [object()]:
+        for segment in split_key(path) or [object()]:
             try:
                 value = value[segment]
             except (KeyError, IndexError, TypeError):
@@ -228,7 +228,7 @@ class Config(Mapping):
         """The resolved settings as YAML, in schema order; ``load_config`` reads back the same."""
         values = self.to_dict()
         if isinstance(values.get("model"), dict) and values["model"]["layers"]:
-            values["model"]["layers"] = [_Layer(layer) for layer in values["model"]["layers"]]
+            values["model"]["layers"] = [LayerMap(layer) for layer in values["model"]["layers"]]
         header = f"# minilms config, resolved from {self.file}\n" if not self._prefix else ""
         return header + yaml.dump(values, Dumper=ConfigDumper, sort_keys=False,
                                   default_flow_style=False, width=100, allow_unicode=True)

@@ -6,7 +6,7 @@ behind the same mistake in its checker. The property tests run it over random kn
 and nets.
 """
 from .plan import Action, Plan
-from .pool import Pool
+from ..device.pool import Pool
 
 
 def check_plan(plan: Plan) -> None:

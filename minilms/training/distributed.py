@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from .errors import MinilmsError
+from ..errors import MinilmsError
 
 EXIT_PEER_LOST = 3
 # Environment variables by which launchers tell a process how many ranks it has: MPICH (hydra)

@@ -15,7 +15,7 @@ Every access a step makes goes through ``Blob.resident_view``, which neither pla
 blob that the plan failed to bring in is an error, not a silent fix. Each release checks that the
 blob did what the plan predicted (a swap-out copies, a drop does not).
 
-Data-parallel training (``minilms.distributed``) gives the executor a ``reducer`` and plans with
+Data-parallel training (``minilms.training.distributed``) gives the executor a ``reducer`` and plans with
 ``reduce_grads`` on a schedule whose updates come after the last backward. A ``reduce`` action
 hands a gradient's host copy to the reducer behind an event on the copy stream (its copy home);
 between steps the reducer starts the averaging of those whose copies have landed, while earlier
@@ -27,11 +27,11 @@ left home; parameters and optimizer state are the same ``Blob`` objects in all o
 """
 from dataclasses import dataclass
 
-from . import events
-from .blob import Blob, State
+from .. import events
+from ..blob import Blob, State
 from .cost import CostModel, plan_for
 from .executor import Executor
-from .net import Net
+from ..net import Net
 from .plan import Plan, Policy
 
 
@@ -85,7 +85,7 @@ class LmsExecutor(Executor):
                  cost_model: CostModel | None = None, reducer=None):
         super().__init__(device, solver, seed)
         if policy.reduce_grads and reducer is None and solver is not None:
-            raise ValueError("a policy with reduce_grads needs a reducer (minilms.distributed)")
+            raise ValueError("a policy with reduce_grads needs a reducer (minilms.training.distributed)")
         self.policy, self.reducer = policy, reducer
         self.cost_model = cost_model or CostModel.for_device(device.kind,
                                                              getattr(device, "link", None))

@@ -1,0 +1,84 @@
+"""From a resolved config to the objects it describes: the net (zoo model or layer list, its
+input shapes and class count), the LMS policy, the pool size a device would get and the cost
+model of the device kind. The commands and the trainer build everything through these."""
+import numpy as np
+
+from .. import zoo
+from .load import load_config
+from ..lms.cost import CostModel
+from ..device import AUTO_FRACTION, parse_link, resolve_kind
+from ..device.cpu import host_memory_info
+from ..net import Net
+from ..lms.plan import Policy
+from ..sizes import parse_size
+
+# Classes of the formats whose count is fixed; others are counted from the data itself.
+FIXED_CLASSES = {"mnist": 10, "fashion_mnist": 10, "cifar10": 10, "shapes": 4}
+
+
+def num_classes(config) -> int:
+    given = config.model.options.num_classes or config.data.num_classes
+    if given:
+        return given
+    if config.data.dataset in FIXED_CLASSES:
+        return FIXED_CLASSES[config.data.dataset]
+    from ..datasets import OPTIONS, make_dataset
+    options = {k: config.data[k] for k in OPTIONS if k in config.data}
+    return make_dataset(config.data.dataset, "train", **options).num_classes
+
+
+def model_layers(config, classes: int) -> list:
+    if config.model.layers is not None:
+        return config.model.layers
+    build = zoo.MODELS[config.model.zoo]
+    options = {"num_classes": classes}
+    if config.model.zoo != "lenet":
+        options["width"] = config.model.options.width
+    return build(**options)
+
+
+def input_shapes(config, batch: int | None = None) -> dict:
+    n = batch or config.data.batch_size
+    size, channels = config.data.image_size, config.data.channels
+    return {"data": ((n, channels, size, size), np.float32), "label": ((n,), np.int32)}
+
+
+def build_net(config, batch: int | None = None) -> Net:
+    return Net(model_layers(config, num_classes(config)), input_shapes(config, batch),
+               where="model.layers")
+
+
+def lms_policy(config) -> Policy:
+    lms = config.lms
+    limit = parse_size(lms.limit, "lms.limit") if lms.limit is not None else None
+    swap = parse_size(lms.min_swap_bytes, "lms.min_swap_bytes") if lms.min_swap_bytes else 0
+    return Policy(enabled=lms.enabled, policy=lms.policy, min_swap_bytes=swap, limit=limit,
+                  start_fraction=lms.start_fraction, prefetch=lms.prefetch,
+                  keep_state=lms.keep_state)
+
+
+def device_kind(config) -> str:
+    return resolve_kind(config.device.kind)
+
+
+def planned_capacity(config) -> int:
+    """The pool bytes ``device.memory`` asks for, without allocating or checking it is free:
+    planning a 16 GiB device works on any machine. ``auto`` plans for what a device made now
+    would take."""
+    memory = config.device.memory
+    if isinstance(memory, str) and memory.strip().lower() == "auto":
+        kind = device_kind(config)
+        if kind == "cuda":
+            from ..device.cuda import free_gpu_memory
+            return int(free_gpu_memory() * AUTO_FRACTION[kind])
+        return int(host_memory_info()[0] * AUTO_FRACTION[kind])
+    return parse_size(memory, "device.memory")
+
+
+def cost_model(config, link=None) -> CostModel:
+    """The typical rates of the configured device kind, with its link model (or ``link``)."""
+    return CostModel.for_device(device_kind(config), link or parse_link(config.device.link))
+
+
+def load(path: str, overrides) -> object:
+    return load_config(path, list(overrides))
