@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minilms import checkpoint as checkpoint_module
+from minilms.training import checkpoint as checkpoint_module
 from minilms.training.checkpoint import (CheckpointError, NoCheckpointError, apply_weights,
                                 load_checkpoint, load_weights, restore_rngs, save_checkpoint)
 from minilms.errors import MinilmsError
