@@ -30,8 +30,8 @@ import math
 import numpy as np
 from numba import cuda, njit, prange
 
-from .elementwise import block_sum, launch, view
-from .registry import cuda_kernel, grid_1d, on_cpu
+from .common import block_sum, grid_1d, launch, view
+from .registry import cuda_kernel, on_cpu
 
 __all__ = ["batchnorm_forward_train", "batchnorm_forward_inference", "batchnorm_backward"]
 

@@ -1,22 +1,19 @@
-"""Elementwise kernels: ReLU, axpby / weighted sums, scale, fill, dropout, accumulate.
+"""Elementwise kernels: ReLU, axpby / weighted sums, scale, fill, dropout, accumulate, and the
+copy of a slice of channels (``slice_copy``: Concat's parts, Convolution's bands).
 
 Every launcher works on C-contiguous arrays of any shape (they are viewed flat) and of float32 or
 float64; scalars are cast to the array's dtype before the call, so float32 data is never computed
 in float64 (on a GPU that would be slow, and it is not what the PTX report checks). Outputs may
 alias inputs (``out is x`` is fine): each element is read before it is written, by the same thread.
-
-The module also holds the small helpers the other families share: ``launch`` (a launch
-configuration with an optional stream), ``view`` (a checked reshape) and ``block_sum`` /
-``block_max`` (deterministic shared-memory tree reductions inside one CUDA block).
 """
 import numpy as np
 from numba import cuda, njit, prange
 
-from .registry import cuda_kernel, grid_1d, on_cpu
+from .common import flat, grid_1d, launch, view
+from .registry import cuda_kernel, on_cpu
 
 __all__ = ["relu_forward", "relu_backward", "axpby", "eltwise_sum", "scale", "fill",
-           "dropout_mask", "dropout_forward", "dropout_backward", "accumulate",
-           "launch", "view", "block_sum", "block_max"]
+           "dropout_mask", "dropout_forward", "dropout_backward", "accumulate", "slice_copy"]
 
 _F1 = ("float32[::1]", "float64[::1]")
 _SCALAR = {"float32[::1]": "float32", "float64[::1]": "float64"}
@@ -25,65 +22,6 @@ _SCALAR = {"float32[::1]": "float32", "float64[::1]": "float64"}
 def _sigs(pattern: str) -> list[str]:
     """One signature per float dtype: ``A`` stands for the 1-d array type, ``S`` for its scalar."""
     return [pattern.replace("A", a).replace("S", _SCALAR[a]) for a in _F1]
-
-
-# ---------------------------------------------------------------- helpers shared by the families
-
-def launch(kernel, blocks, threads, stream=None):
-    """``kernel[blocks, threads]``, on ``stream`` when one is given."""
-    return kernel[blocks, threads] if stream is None else kernel[blocks, threads, stream]
-
-
-def view(array, *shape):
-    """``array`` reshaped without a copy; refuses non-contiguous arrays, whose reshape would copy
-    (for numpy silently, so the kernel's writes would be lost)."""
-    contiguous = array.flags.c_contiguous if on_cpu(array) else array.is_c_contiguous()
-    if not contiguous:
-        raise ValueError("minilms kernels need C-contiguous arrays")
-    return array.reshape(*shape)
-
-
-def _flat(*arrays):
-    n = arrays[0].size
-    for a in arrays[1:]:
-        if a.size != n:
-            raise ValueError(f"size mismatch: {a.size} != {n}")
-    return [view(a, n) for a in arrays]
-
-
-@cuda.jit(device=True, inline="always")  # IR-inlined: compile_ptx needs no GPU
-def block_sum(buf, t):
-    """Sum of ``buf`` (a shared array whose length is a power of two, one slot per thread of the
-    block, already filled) by a fixed-order tree: run to run bit-identical, unlike float atomics.
-    Every thread of the block must call it; every thread gets the total, and ``buf`` may be
-    refilled as soon as it returns."""
-    cuda.syncthreads()
-    s = buf.size // 2
-    while s > 0:
-        if t < s:
-            buf[t] += buf[t + s]
-        cuda.syncthreads()
-        s //= 2
-    total = buf[0]
-    cuda.syncthreads()
-    return total
-
-
-@cuda.jit(device=True, inline="always")  # IR-inlined: compile_ptx needs no GPU
-def block_max(buf, t):
-    """Like ``block_sum`` with max (NaN propagates from any slot)."""
-    cuda.syncthreads()
-    s = buf.size // 2
-    while s > 0:
-        if t < s:
-            other = buf[t + s]
-            if other > buf[t] or other != other:
-                buf[t] = other
-        cuda.syncthreads()
-        s //= 2
-    total = buf[0]
-    cuda.syncthreads()
-    return total
 
 
 # ---------------------------------------------------------------- ReLU
@@ -128,7 +66,7 @@ def relu_backward_cpu(y, dy, dx):
 
 def relu_forward(x, y, stream=None):
     """``y = max(x, 0)`` elementwise (NaN stays NaN); ``y`` may be ``x`` (in place)."""
-    x, y = _flat(x, y)
+    x, y = flat(x, y)
     if on_cpu(x):
         relu_forward_cpu(x, y)
     else:
@@ -139,7 +77,7 @@ def relu_backward(y, dy, dx, stream=None):
     """``dx = dy * (y > 0)`` from the forward OUTPUT ``y`` (the input ``x`` works as well: ``y > 0``
     exactly when ``x > 0``), so an in-place forward can drop ``x``. The gradient at exactly 0 is 0.
     ``dx`` may be ``dy``."""
-    y, dy, dx = _flat(y, dy, dx)
+    y, dy, dx = flat(y, dy, dx)
     if on_cpu(y):
         relu_backward_cpu(y, dy, dx)
     else:
@@ -163,7 +101,7 @@ def axpby_cpu(a, x, b, y, out):
 def axpby(a, x, b, y, out, stream=None):
     """``out = a*x + b*y`` elementwise; ``out`` may be ``x`` or ``y``. IEEE throughout: ``b = 0``
     still reads ``y`` (0 * NaN is NaN); to overwrite, use ``scale``."""
-    x, y, out = _flat(x, y, out)
+    x, y, out = flat(x, y, out)
     t = x.dtype.type
     if on_cpu(x):
         axpby_cpu(t(a), x, t(b), y, out)
@@ -202,7 +140,7 @@ def scale_cpu(x, alpha, out):
 
 def scale(x, alpha, out, stream=None):
     """``out = alpha * x``; ``out`` may be ``x``."""
-    x, out = _flat(x, out)
+    x, out = flat(x, out)
     if on_cpu(x):
         scale_cpu(x, x.dtype.type(alpha), out)
     else:
@@ -223,7 +161,7 @@ def fill_cpu(out, value):
 
 def fill(out, value, stream=None):
     """``out[...] = value``."""
-    (out,) = _flat(out)
+    (out,) = flat(out)
     if on_cpu(out):
         fill_cpu(out, out.dtype.type(value))
     else:
@@ -273,7 +211,7 @@ def dropout_forward(x, mask, p, out, stream=None):
     """``out = x * mask / (1 - p)`` (inverted dropout: inference is the identity). ``mask`` is the
     uint8 keep mask from ``dropout_mask``, same size as ``x``; ``out`` may be ``x``. ``p = 1`` gives
     zeros."""
-    x, mask, out = _flat(x, mask, out)
+    x, mask, out = flat(x, mask, out)
     s = _dropout_scale(p, x.dtype)
     if on_cpu(x):
         dropout_cpu(x, mask, s, out)
@@ -303,8 +241,50 @@ def accumulate_cpu(dst, src):
 def accumulate(dst, src, stream=None):
     """``dst += src``: gradient accumulation where a blob feeds several layers of a DAG. The order of
     the calls fixes the order of the sums, so the result is deterministic."""
-    dst, src = _flat(dst, src)
+    dst, src = flat(dst, src)
     if on_cpu(dst):
         accumulate_cpu(dst, src)
     else:
         launch(accumulate_cuda, *grid_1d(dst.size), stream)(dst, src)
+
+
+# ---------------------------------------------------------------- slice copy
+
+_SLICE_SIGS = [f"void({t}[:, :, ::1], {t}[:, :, ::1], int64, boolean)" for t in ("float32", "float64")]
+
+
+@cuda_kernel(*_SLICE_SIGS)
+def slice_copy_cuda(part, whole, offset, into_whole):
+    """Grid-stride over ``part``'s elements; consecutive threads take consecutive elements of a
+    row, so both sides move in coalesced runs."""
+    n, c, inner = part.shape
+    for i in range(cuda.grid(1), n * c * inner, cuda.gridsize(1)):
+        s, rest = i // (c * inner), i % (c * inner)
+        ch, k = rest // inner, rest % inner
+        if into_whole:
+            whole[s, offset + ch, k] = part[s, ch, k]
+        else:
+            part[s, ch, k] = whole[s, offset + ch, k]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def slice_copy_cpu(part, whole, offset, into_whole):
+    c = part.shape[1]
+    for s in prange(part.shape[0]):
+        if into_whole:
+            whole[s, offset:offset + c, :] = part[s]
+        else:
+            part[s] = whole[s, offset:offset + c, :]
+
+
+def slice_copy(part, whole, offset: int, into_whole: bool, stream=None) -> None:
+    """Copy ``part [N, C_p, ...]`` into axis-1 positions ``offset:offset + C_p`` of ``whole
+    [N, C, ...]`` (``into_whole``), or out of them. Concat joins channels with it; Convolution's
+    banded path moves a band of columns ``[M, L]`` of an ``[M, P]`` matrix."""
+    n, c = part.shape[:2]
+    part3 = view(part, n, c, -1)
+    whole3 = view(whole, n, whole.shape[1], -1)
+    if on_cpu(part):
+        slice_copy_cpu(part3, whole3, offset, into_whole)
+    else:
+        launch(slice_copy_cuda, *grid_1d(part3.size), stream)(part3, whole3, offset, into_whole)

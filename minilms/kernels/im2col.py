@@ -27,7 +27,8 @@ CPU: Numba ``njit(parallel=True)``. CUDA: float32 and float64 kernels; arrays mu
 import numpy as np
 from numba import cuda, njit, prange
 
-from .registry import cpu_variant, cuda_kernel, grid_1d, on_cpu, shared
+from .common import grid_1d
+from .registry import cpu_variant, cuda_kernel, on_cpu, shared
 
 __all__ = ["im2col", "col2im", "conv_out_size", "col_shape", "out_shape"]
 

@@ -26,8 +26,8 @@ import math
 
 from numba import cuda, njit, prange
 
-from .elementwise import launch, view
-from .registry import cuda_kernel, grid_1d, on_cpu
+from .common import flat, grid_1d, launch
+from .registry import cuda_kernel, on_cpu
 
 __all__ = ["sgd_step", "adam_step"]
 
@@ -36,14 +36,6 @@ _T = (("float32[::1]", "float32"), ("float64[::1]", "float64"))
 
 def _sigs(pattern):
     return [pattern.replace("A", a).replace("S", s) for a, s in _T]
-
-
-def _flat(param, *others):
-    n = param.size
-    for a in others:
-        if a.size != n:
-            raise ValueError(f"optimizer arrays differ in size: {a.size} != {n}")
-    return [view(a, n) for a in (param, *others)]
 
 
 @cuda_kernel(*_sigs("void(A, A, S, S)"))
@@ -102,12 +94,12 @@ def sgd_step(param, grad, lr, momentum_buf=None, momentum=0.0, weight_decay=0.0,
         raise ValueError("Nesterov momentum requires a momentum > 0")
     t = param.dtype.type
     if momentum == 0:
-        args = (*_flat(param, grad), t(lr), t(weight_decay))
+        args = (*flat(param, grad), t(lr), t(weight_decay))
         kernel_cpu, kernel_cuda = sgd_cpu, sgd_cuda
     else:
         if momentum_buf is None:
             raise ValueError("SGD with momentum needs a momentum buffer")
-        args = (*_flat(param, grad, momentum_buf), t(lr), t(momentum), t(weight_decay),
+        args = (*flat(param, grad, momentum_buf), t(lr), t(momentum), t(weight_decay),
                 bool(nesterov))
         kernel_cpu, kernel_cuda = sgd_momentum_cpu, sgd_momentum_cuda
     if on_cpu(param):
@@ -153,7 +145,7 @@ def adam_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, beta1=0.9, beta2=
     t = param.dtype.type
     step_size = lr / (1.0 - beta1 ** step)
     bc2_sqrt = math.sqrt(1.0 - beta2 ** step)
-    args = (*_flat(param, grad, exp_avg, exp_avg_sq), t(1.0 - beta1), t(beta2), t(1.0 - beta2),
+    args = (*flat(param, grad, exp_avg, exp_avg_sq), t(1.0 - beta1), t(beta2), t(1.0 - beta2),
             t(step_size), t(bc2_sqrt), t(eps), t(weight_decay))
     if on_cpu(param):
         adam_cpu(*args)

@@ -26,8 +26,8 @@ scatters, so overlapping windows need no float atomics and results are determini
 import numpy as np
 from numba import cuda, njit, prange
 
-from .elementwise import block_sum, launch, view
-from .registry import cpu_variant, cuda_kernel, grid_1d, on_cpu, shared
+from .common import block_sum, grid_1d, launch, view
+from .registry import cpu_variant, cuda_kernel, on_cpu, shared
 
 __all__ = ["pool_output_size", "max_pool_forward", "max_pool_backward", "avg_pool_forward",
            "avg_pool_backward", "global_avg_pool_forward", "global_avg_pool_backward"]

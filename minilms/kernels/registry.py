@@ -25,8 +25,7 @@ from typing import Callable
 import numpy as np
 from numba import cuda, njit
 
-__all__ = ["KernelSpec", "KERNELS", "cuda_kernel", "shared", "on_cpu", "grid_1d", "THREADS_1D",
-           "cpu_variant"]
+__all__ = ["KernelSpec", "KERNELS", "cuda_kernel", "shared", "on_cpu", "THREADS_1D", "cpu_variant"]
 
 THREADS_1D = 256
 
@@ -84,14 +83,6 @@ def shared(fn) -> _SharedFunction:
 def on_cpu(array) -> bool:
     """True when ``array`` lives on the ``cpu`` device (plain numpy), False for a CUDA array."""
     return isinstance(array, np.ndarray)
-
-
-def grid_1d(n: int, threads: int = THREADS_1D) -> tuple[int, int]:
-    """(blocks, threads) covering ``n`` elements with one thread each. A small ``n`` gets a
-    smaller block (whole warps): no idle threads, and far fewer for the simulator, which runs
-    every CUDA thread as a Python thread."""
-    threads = min(threads, max(32, -(-n // 32) * 32))
-    return max(1, (n + threads - 1) // threads), threads
 
 
 def cpu_variant(fn, variant: str, parallel: bool, **options):

@@ -23,8 +23,8 @@ import math
 import numpy as np
 from numba import cuda, int32, njit, prange
 
-from .elementwise import block_max, block_sum, launch, view
-from .registry import cuda_kernel, grid_1d, on_cpu
+from .common import block_max, block_sum, grid_1d, launch, view
+from .registry import cuda_kernel, on_cpu
 
 __all__ = ["softmax_xent_forward", "softmax_xent_backward", "accuracy"]
 

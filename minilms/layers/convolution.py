@@ -1,8 +1,8 @@
 """Convolution: ``[N, C, H, W] -> [N, num_output, OH, OW]`` as im2col + GEMM.
 
 Options: ``num_output``, ``kernel_size`` (an int or ``[h, w]``), ``stride`` (1), ``pad`` (0),
-``dilation`` (1), ``bias`` (True), ``groups`` (1), ``weight_init`` ("he" or "xavier") and
-``max_workspace`` (bytes, 64 MiB). ``stride``, ``pad`` and ``dilation`` may be pairs too.
+``dilation`` (1), ``bias`` (True), ``groups`` (1), ``weight_init`` ("he" or "xavier"),
+``max_workspace`` (bytes, 64 MiB) and ``engine`` ("auto" or "reference"). ``stride``, ``pad`` and ``dilation`` may be pairs too.
 Parameters in PyTorch's layout: ``weight [out, C / groups, kh, kw]``, ``bias [out]`` (zeros).
 
 Forward, for each sample ``n`` and group ``g`` (``K = C / groups * kh * kw``, ``P = OH * OW``)::
@@ -16,11 +16,11 @@ gradients: ``dweight_g = sum_n dy_g[n] @ col^T`` (the first sample writes, the o
 ``dbias_g = sum_n dy_g[n] @ ones``, and ``dx[n]`` = col2im of ``weight_g^T @ dy_g[n]`` after ``dx``
 is zeroed (col2im adds).
 
-On the ``cpu`` device a float32 convolution without groups runs its forward, its input gradient
-(where it pays: stride 1 and up to 3x3 as a transposed convolution, strided or larger kernels with
-samples in vector lanes) and its weight and bias gradients (every kernel above 1x1) as direct
-kernels (``minilms.kernels.conv_direct``, ``conv_input_grad``, ``conv_weight_grad``) in the same
-workspace; the rest below still holds for everything else (float64, groups, ``cuda``).
+Anything faster is an *engine*'s: with ``engine: auto`` (the default) the layer first asks the
+``cpu`` device's direct convolution (``minilms.kernels.direct``), which takes the float32
+convolutions without groups where its kernels measured faster and hands the rest back;
+``engine: reference`` runs only what is written here. Both give the same results up to float32
+rounding (the tests compare them on random geometries).
 
 Three ways through, chosen by the workspace (``col``, float elements in the run's dtype, sized in
 ``setup`` from ``max_workspace``, which counts float32 bytes: a float64 run, the gradient checks,
@@ -35,51 +35,19 @@ takes the same elements at twice the bytes):
 * bands: when even one sample's ``col`` exceeds ``max_workspace`` (a 2240x2240 input), the output
   is walked in bands of output rows: ``col`` holds one band's columns, and since a band of
   ``top[n]`` (or of ``dy[n]``) is not contiguous across channels, the GEMM goes through a staging
-  buffer ``[out / groups, band]`` that a copy kernel moves into place.
+  buffer ``[out / groups, band]`` that a copy kernel (``slice_copy``) moves into place.
 """
 import numpy as np
-from numba import cuda
 
-from ..kernels import (conv_cpu, conv_direct, conv_input_grad, conv_weight_grad, cuda_kernel,
-                       on_cpu)
-from ..kernels.elementwise import fill
+from ..kernels import conv_cpu, on_cpu
+from ..kernels.direct import DirectConvolution
+from ..kernels.elementwise import fill, slice_copy
 from ..kernels.gemm import gemm
 from ..kernels.im2col import col2im, conv_out_size, im2col
-from ..kernels.registry import grid_1d
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
 
 MiB = 2**20
-
-_BAND_SIGS = [f"void({t}[:, ::1], {t}[:, ::1], int64, boolean)" for t in ("float32", "float64")]
-
-
-@cuda_kernel(*_BAND_SIGS)
-def band_copy_cuda(part, whole, offset, into_whole):
-    """``whole[:, offset:offset + L] = part`` (or the reverse) for ``part [M, L]``, ``whole [M, P]``.
-
-    Grid-stride over the ``M * L`` elements of ``part``; consecutive threads take consecutive
-    columns, so both sides are read and written in coalesced runs of ``L``.
-    """
-    rows, width = part.shape
-    for i in range(cuda.grid(1), rows * width, cuda.gridsize(1)):
-        r, k = i // width, i % width
-        if into_whole:
-            whole[r, offset + k] = part[r, k]
-        else:
-            part[r, k] = whole[r, offset + k]
-
-
-def band_copy(part, whole, offset: int, into_whole: bool, stream=None) -> None:
-    """Copy ``part [M, L]`` into columns ``offset:offset + L`` of ``whole [M, P]``, or out of them."""
-    if on_cpu(part):
-        band = whole[:, offset:offset + part.shape[1]]
-        if into_whole:
-            band[...] = part
-        else:
-            part[...] = band
-    else:
-        blocks, threads = grid_1d(part.size)
-        band_copy_cuda[blocks, threads, stream or 0](part, whole, offset, into_whole)
+ENGINES = ("auto", "reference")
 
 
 @register
@@ -89,7 +57,7 @@ class Convolution(Layer):
 
     def __init__(self, name, bottom, top, num_output=None, kernel_size=None, stride=1, pad=0,
                  dilation=1, bias: bool = True, groups: int = 1, weight_init: str = "he",
-                 max_workspace: int = 64 * MiB):
+                 max_workspace: int = 64 * MiB, engine: str = "auto"):
         super().__init__(name, bottom, top)
         self.num_output = self._positive("num_output", num_output)
         self.kernel_size = self._pair("kernel_size", kernel_size, 1)
@@ -102,6 +70,9 @@ class Convolution(Layer):
         if weight_init not in ("he", "xavier"):
             raise ShapeError(self, "weight_init", "'he' or 'xavier'", repr(weight_init))
         self.weight_init = weight_init
+        if engine not in ENGINES:
+            raise ShapeError(self, "engine", "'auto' or 'reference'", repr(engine))
+        self.engine = engine
         if self.num_output % self.groups:
             raise ShapeError(self, "num_output", f"a multiple of groups ({self.groups})",
                              self.num_output)
@@ -141,21 +112,10 @@ class Convolution(Layer):
         self.k = self.in_group * kh * kw                 # rows of col
         self.out_h, self.out_w = out_h, out_w
         self._size_workspace(shape)
-        # the larger of the forward's and the weight gradient's prepared inputs (max_step 1)
-        self.direct_per_sample = conv_direct.padded_size(shape, *self._geometry(), max_step=1)
-        if self.chunk:      # room for the direct paths' padded input (and dy) of a chunk, too
-            transposed = conv_direct.transposed_geometry(self._geometry())
-            pays = conv_direct.input_grad_pays((self.num_output, self.in_group) + self.kernel_size)
-            dy_sample = 0 if transposed is None or not pays else conv_direct.padded_size(
-                (n, self.num_output, out_h, out_w), *transposed)
-            self.elements = max(self.elements, conv_direct.VL + self.chunk * max(
-                self.direct_per_sample, dy_sample))
-            # dy with samples in lanes, a whole number of vectors of them, within max_workspace
-            vectors = -(-self.chunk // conv_direct.VL)
-            dy_lanes = vectors * conv_direct.VL * self.num_output * out_h * out_w
-            if dy_lanes * 4 <= self.max_workspace and conv_input_grad.sample_lanes_pay(
-                    shape, (self.num_output, self.in_group) + self.kernel_size, self._geometry()):
-                self.elements = max(self.elements, dy_lanes)
+        self.fast = None if self.engine == "reference" else DirectConvolution(
+            shape, (self.num_output, self.in_group) + self.kernel_size, self.groups,
+            self._geometry(), self.chunk, self.max_workspace)
+        self.elements = max(self.elements, self.fast.elements if self.fast else 0)
         return [(n, self.num_output, out_h, out_w)]
 
     def _size_workspace(self, shape):
@@ -220,20 +180,13 @@ class Convolution(Layer):
         ones = flat[at:at + width] if self.bias else None
         return col, stage, ones
 
-    def _direct_chunk(self, flat, x, max_step=2) -> int:
-        """Samples of ``x`` the direct kernels take at a time (``conv_direct.chunk_size``)."""
-        return conv_direct.chunk_size(x.shape, self._geometry(), flat.size, max_step)
-
     def _geometry(self):
         return self.kernel_size, self.stride, self.pad, self.dilation
 
     def forward(self, io):
         x, y = io.bottom[0], io.top[0]
         flat = self._workspace(io, x)
-        direct_chunk = self._direct_chunk(flat, x)
-        if on_cpu(x) and conv_direct.supports(x.dtype, self.groups) and direct_chunk >= 1:
-            conv_direct.conv_forward_direct(x, io.params["weight"], io.params.get("bias"), y,
-                                            flat, direct_chunk, self._geometry())
+        if self.fast and self.fast.forward(x, io.params["weight"], io.params.get("bias"), y, flat):
             return
         if self.chunk and on_cpu(x):
             conv_cpu.conv_forward(x, io.params["weight"], io.params.get("bias"), y, flat,
@@ -258,7 +211,7 @@ class Convolution(Layer):
                     if self.bias:
                         gemm(bias[g], ones.reshape(1, -1), out, beta=1.0, stream=io.stream)
                     if staged:
-                        band_copy(stage, top[g], r0 * self.out_w, True, io.stream)
+                        slice_copy(stage, top[g], r0 * self.out_w, True, io.stream)
 
     def backward(self, io):
         x, dy = io.bottom[0], io.top_grad[0]
@@ -270,27 +223,11 @@ class Convolution(Layer):
         flat = self._workspace(io, dy)
         if self.chunk and on_cpu(dy):
             weight = io.params["weight"]
-            direct = conv_direct.supports(dy.dtype, self.groups)
-            direct_dx = direct and dx is not None and conv_direct.input_grad_pays(weight.shape) \
-                and conv_direct.transposed_geometry(self._geometry()) is not None
-            # The direct kernels first: run after a GEMM, they would share the cores with
-            # OpenBLAS's workers, which spin for a while after a call.
-            if direct_dx:
-                direct_dx = conv_direct.conv_input_grad_direct(dy, weight, dx, flat,
-                                                               self._geometry())
-            elif direct and dx is not None and conv_input_grad.sample_lanes_pay(
-                    dx.shape, weight.shape, self._geometry()):
-                direct_dx = conv_input_grad.conv_input_grad_lanes(dy, weight, dx, flat,
-                                                                  self._geometry())
-            chunk = self._direct_chunk(flat, x, max_step=1)
-            direct_dw = direct and chunk >= 1 and conv_weight_grad.weight_grad_pays(weight.shape)
-            if direct_dw:
-                conv_weight_grad.conv_weight_grad_direct(x, dy, dweight, dbias, flat, chunk,
-                                                         self._geometry())
-                dweight = dbias = None
-            if not direct_dx or dweight is not None or dbias is not None:
-                conv_cpu.conv_backward(x, dy, weight, None if direct_dx else dx, dweight, dbias,
-                                       flat, self.chunk, self._geometry())
+            if self.fast:
+                dx, dweight, dbias = self.fast.backward(x, dy, weight, dx, dweight, dbias, flat)
+            if dx is not None or dweight is not None or dbias is not None:
+                conv_cpu.conv_backward(x, dy, weight, dx, dweight, dbias, flat, self.chunk,
+                                       self._geometry())
             return
         n_samples, rows, staged = dy.shape[0], self.band_rows, self.staged
         weight = io.params["weight"].reshape(self.groups, self.out_group, self.k)
@@ -312,7 +249,7 @@ class Convolution(Layer):
                     col, stage, ones = self._views(flat, r0, r1)
                     dout = grad[g]
                     if staged:
-                        band_copy(stage, grad[g], r0 * self.out_w, False, io.stream)
+                        slice_copy(stage, grad[g], r0 * self.out_w, False, io.stream)
                         dout = stage
                     if dbias is not None:
                         gemm(dout, ones.reshape(-1, 1), dbias[g], beta=beta, stream=io.stream)

@@ -24,9 +24,10 @@ import numbers
 import numpy as np
 from numba import cuda
 
+from ..kernels.common import grid_1d, launch, view
 from ..kernels import on_cpu
-from ..kernels.elementwise import fill, launch, scale, view
-from ..kernels.registry import cuda_kernel, grid_1d
+from ..kernels.elementwise import fill, scale
+from ..kernels.registry import cuda_kernel
 from ..kernels.softmax import softmax_xent_backward, softmax_xent_forward
 from .base import BufferSpec, Layer, ShapeError, register
 

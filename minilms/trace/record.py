@@ -27,9 +27,7 @@ totals and dropped (the first iterations and the latest stay in full, a "gap" ma
 every total covers the whole run while the timeline keeps what a picture needs. One pool at a time:
 events do not say which device they come from.
 """
-import argparse
 import json
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minilms.kernels import conv_direct
+from minilms.kernels.direct import conv as conv_direct
 
 from .conv_geometry import amid_nans, geometries
 

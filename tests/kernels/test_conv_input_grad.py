@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minilms.kernels import conv_input_grad
+from minilms.kernels.direct import input_grad as conv_input_grad
 from minilms.kernels.im2col import conv_out_size
-from minilms.kernels.vector_ir import VL
+from minilms.kernels.direct.vector_ir import VL
 
 from .conv_geometry import geometries
 

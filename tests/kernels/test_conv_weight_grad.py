@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minilms.kernels import conv_direct, conv_weight_grad
+from minilms.kernels.direct import conv as conv_direct
+from minilms.kernels.direct import weight_grad as conv_weight_grad
 from minilms.kernels.im2col import conv_out_size
 
 from .conv_geometry import amid_nans, geometries

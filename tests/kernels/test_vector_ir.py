@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from minilms.kernels.vector_ir import F32, I64, VL, Vectors
+from minilms.kernels.direct.vector_ir import F32, I64, VL, Vectors
 
 
 def _compile(module):

@@ -205,7 +205,10 @@ def test_float32_cpu_takes_the_direct_path(name, monkeypatch):
     here), and so is the input gradient wherever it pays (stride 1, or samples in lanes), and
     the weight and bias gradients wherever the kernel is larger than 1x1; all match float64
     references (the naive loops; the float64 layer's gradients)."""
-    from minilms.kernels import conv_cpu, conv_direct, conv_input_grad, conv_weight_grad
+    from minilms.kernels import conv_cpu
+    from minilms.kernels.direct import conv as conv_direct
+    from minilms.kernels.direct import input_grad as conv_input_grad
+    from minilms.kernels.direct import weight_grad as conv_weight_grad
     options, shape = DIRECT_CASES[name]
     layer = conv(**options)
     rng = np.random.default_rng(6)

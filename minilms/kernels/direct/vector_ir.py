@@ -1,5 +1,5 @@
-"""LLVM vector IR for the ``cpu`` device's register-blocked microkernels (``conv_direct``,
-``conv_weight_grad``), emitted from Numba ``intrinsic`` lowerings.
+"""LLVM vector IR for the ``cpu`` device's register-blocked microkernels (``conv``,
+``weight_grad``), emitted from Numba ``intrinsic`` lowerings.
 
 Numba's own loops neither keep a block of accumulators in registers nor vectorise a loop nest
 whose inner dimension is a handful of taps; these helpers spell out the vector operations

@@ -47,7 +47,7 @@ from numba import prange, types
 from llvmlite import ir
 from numba.extending import intrinsic
 
-from .registry import cpu_variant
+from ..registry import cpu_variant
 from .vector_ir import I32, I64, VL, Vectors
 
 __all__ = ["VL", "Layout", "lanes", "layout", "tile_table", "padded_size", "chunk_size",
@@ -423,7 +423,7 @@ def input_grad_pays(weight_shape) -> bool:
     """Measured (``scripts/bench_kernels.py``): the direct input gradient beats col2im for a small
     ResNet's 3x3 layers (1.1-1.6x), and loses where ``dx`` has few channels (LeNet conv1's one:
     a single accumulator chain, 8x slower) or the taps are many (5x5: the ``kw`` copies of ``dy``
-    cost more than they save, 2.3x slower; ``conv_input_grad``, samples in lanes, takes those)."""
+    cost more than they save, 2.3x slower; ``input_grad``, samples in lanes, takes those)."""
     return weight_shape[1] >= 16 and weight_shape[2] * weight_shape[3] <= 9
 
 

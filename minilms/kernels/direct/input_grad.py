@@ -1,6 +1,6 @@
 """The input gradient of a convolution on the ``cpu`` device with samples in the vector lanes.
 
-The transposed convolution of ``conv_direct`` puts output positions in the lanes. Where most of
+The transposed convolution of ``conv`` puts output positions in the lanes. Where most of
 what it reads is padding, that wastes the vector: LeNet conv2's 5x5 kernel on an 8x8 ``dy`` pads
 it by 4 on each side (56% of the products are with zeros), and a stride of 2 would need ``dy``
 dilated by zeros (3 of 4). col2im instead goes through a ``kh * kw`` times larger buffer and a
@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .registry import cpu_variant
+from ..registry import cpu_variant
 from .vector_ir import I64, VL, Vectors
 
 __all__ = ["valid_taps", "sample_lanes_pay", "conv_input_grad_lanes"]

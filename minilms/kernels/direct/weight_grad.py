@@ -3,7 +3,7 @@
 im2col + GEMM computes ``dweight = dy [out, P] @ col^T [P, K]`` with a short ``out`` and a col
 ``kh * kw`` times the input: most of its time goes to writing and streaming col (measured: 2.1 ms
 of a 2.5 ms backward on a small ResNet layer). Here the input is read as the direct forward reads
-it (``conv_direct.layout``: every tap's inputs for ``VL`` consecutive outputs are consecutive, in
+it (``conv.layout``: every tap's inputs for ``VL`` consecutive outputs are consecutive, in
 ``x`` itself or a prepared copy; taps in the padding masked), and each weight's gradient is a dot
 product over the output positions::
 
@@ -22,8 +22,8 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .conv_direct import kernel_inputs, prepare_input
-from .registry import cpu_variant
+from .conv import kernel_inputs, prepare_input
+from ..registry import cpu_variant
 from .vector_ir import I64, Vectors
 
 __all__ = ["weight_grad_pays", "conv_weight_grad_direct", "bias_grad"]
@@ -42,7 +42,7 @@ def _weight_tile(typingctx, block, rows, cols, vl, same_masks, x, dy, row_step, 
     taps, where a table of ``rows * cols`` offsets would spill. Addresses as integers, strides in
     elements: ``x`` at one channel's input of sample 0 at the group's first kernel row, ``dy``
     at ``dy[0, o0, 0]``, ``columns`` at ``cols`` int64 offsets, ``positions`` at
-    ``position_count`` rows of ``position_step`` int64 (``conv_direct.tile_table``'s: x offset,
+    ``position_count`` rows of ``position_step`` int64 (``conv.tile_table``'s: x offset,
     dy offset, the bits of the lanes of ``dy`` and of each tap's, the group's from
     ``first_tap``), ``dw`` at ``dweight[o0, c, first_tap]``. ``accumulate`` 0 overwrites
     ``dw``."""
@@ -180,7 +180,7 @@ def bias_grad(dy, dbias):
 
 def conv_weight_grad_direct(x, dy, dweight, dbias, work, chunk, geometry) -> None:
     """``dweight`` and ``dbias`` (each overwritten, either may be None) of a float32 convolution
-    without groups, ``chunk`` samples at a time through ``work`` (``conv_direct.chunk_size``
+    without groups, ``chunk`` samples at a time through ``work`` (``conv.chunk_size``
     with ``max_step=1``)."""
     samples, out, out_h, out_w = dy.shape
     dy3 = dy.reshape(samples, out, out_h * out_w)

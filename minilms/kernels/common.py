@@ -1,0 +1,75 @@
+"""What every kernel family shares to launch a kernel: a 1-D grid (``grid_1d``), the launch itself
+on an optional stream (``launch``, the one way a launcher starts a CUDA kernel), checked views
+(``view``, ``flat``: a reshape that never copies), and the block reductions kernels call
+(``block_sum`` / ``block_max``: deterministic shared-memory trees inside one CUDA block)."""
+from numba import cuda
+
+from .registry import THREADS_1D, on_cpu
+
+__all__ = ["grid_1d", "launch", "view", "flat", "block_sum", "block_max"]
+
+
+def grid_1d(n: int, threads: int = THREADS_1D) -> tuple[int, int]:
+    """(blocks, threads) covering ``n`` elements with one thread each. A small ``n`` gets a
+    smaller block (whole warps): no idle threads, and far fewer for the simulator, which runs
+    every CUDA thread as a Python thread."""
+    threads = min(threads, max(32, -(-n // 32) * 32))
+    return max(1, (n + threads - 1) // threads), threads
+
+
+def launch(kernel, blocks, threads, stream=None):
+    """``kernel[blocks, threads]``, on ``stream`` when one is given."""
+    return kernel[blocks, threads] if stream is None else kernel[blocks, threads, stream]
+
+
+def view(array, *shape):
+    """``array`` reshaped without a copy; refuses non-contiguous arrays, whose reshape would copy
+    (for numpy silently, so the kernel's writes would be lost)."""
+    contiguous = array.flags.c_contiguous if on_cpu(array) else array.is_c_contiguous()
+    if not contiguous:
+        raise ValueError("minilms kernels need C-contiguous arrays")
+    return array.reshape(*shape)
+
+
+def flat(*arrays):
+    """The arrays viewed flat (``view``), after checking they have one size."""
+    n = arrays[0].size
+    for a in arrays[1:]:
+        if a.size != n:
+            raise ValueError(f"size mismatch: {a.size} != {n}")
+    return [view(a, n) for a in arrays]
+
+
+@cuda.jit(device=True, inline="always")  # IR-inlined: compile_ptx needs no GPU
+def block_sum(buf, t):
+    """Sum of ``buf`` (a shared array whose length is a power of two, one slot per thread of the
+    block, already filled) by a fixed-order tree: run to run bit-identical, unlike float atomics.
+    Every thread of the block must call it; every thread gets the total, and ``buf`` may be
+    refilled as soon as it returns."""
+    cuda.syncthreads()
+    s = buf.size // 2
+    while s > 0:
+        if t < s:
+            buf[t] += buf[t + s]
+        cuda.syncthreads()
+        s //= 2
+    total = buf[0]
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit(device=True, inline="always")  # IR-inlined: compile_ptx needs no GPU
+def block_max(buf, t):
+    """Like ``block_sum`` with max (NaN propagates from any slot)."""
+    cuda.syncthreads()
+    s = buf.size // 2
+    while s > 0:
+        if t < s:
+            other = buf[t + s]
+            if other > buf[t] or other != other:
+                buf[t] = other
+        cuda.syncthreads()
+        s //= 2
+    total = buf[0]
+    cuda.syncthreads()
+    return total

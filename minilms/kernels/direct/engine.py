@@ -1,0 +1,87 @@
+"""The ``cpu`` device's fast convolution, as the engine ``layers.convolution`` asks first.
+
+An engine answers three things for one layer shape: how much workspace it needs (``elements``,
+float32 elements the layer's workspace must hold on top of its own needs), ``forward`` and
+``backward``. It takes what it does faster than im2col + GEMM and leaves the rest to the layer:
+``forward`` says whether it wrote ``y``; ``backward`` returns the gradients it did not compute
+(None where it wrote them), which the layer then computes by im2col + GEMM. Which path is faster
+was measured per kernel shape (``scripts/bench_kernels.py``; ``docs/benchmarks.md``) and is
+written down in the ``*_pays`` rules of ``conv``, ``input_grad`` and ``weight_grad``.
+
+It covers float32 convolutions without groups on the ``cpu`` device; anything else (float64, the
+gradient checks; groups; ``cuda``) is left whole to the reference.
+"""
+from ..im2col import conv_out_size
+from ..registry import on_cpu
+from . import conv, input_grad, weight_grad
+from .vector_ir import VL
+
+__all__ = ["DirectConvolution"]
+
+
+class DirectConvolution:
+    """The direct kernels for one convolution shape: ``x_shape`` ``[N, C, H, W]``,
+    ``weight_shape`` ``[out, C / groups, kh, kw]``, ``geometry`` ``(kernel, stride, pad,
+    dilation)`` as ``(h, w)`` pairs. ``chunk`` is the samples the layer's workspace holds per
+    im2col chunk (0: none, it works one sample at a time, and the backward's direct paths, sized
+    per chunk, stand aside); ``max_workspace`` bounds the samples-in-lanes copy of ``dy``."""
+
+    name = "direct"
+
+    def __init__(self, x_shape, weight_shape, groups: int, geometry, chunk: int,
+                 max_workspace: int):
+        self.geometry, self.groups, self.chunk = geometry, groups, chunk
+        self.elements = 0
+        if not chunk:
+            return
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
+        samples, height, width = x_shape[0], x_shape[2], x_shape[3]
+        out, out_h, out_w = (weight_shape[0], conv_out_size(height, kh, sh, ph, dh),
+                             conv_out_size(width, kw, sw, pw, dw))
+        # the larger of the forward's and the weight gradient's prepared inputs (max_step 1),
+        # and of dy's as the input of the transposed convolution where that path is taken
+        x_sample = conv.padded_size(x_shape, *geometry, max_step=1)
+        transposed = conv.transposed_geometry(geometry)
+        dy_sample = 0 if transposed is None or not conv.input_grad_pays(weight_shape) else \
+            conv.padded_size((samples, out, out_h, out_w), *transposed)
+        self.elements = VL + chunk * max(x_sample, dy_sample)
+        # dy with samples in lanes: a whole number of vectors of them, within max_workspace
+        dy_lanes = -(-chunk // VL) * VL * out * out_h * out_w
+        if dy_lanes * 4 <= max_workspace and input_grad.sample_lanes_pay(
+                x_shape, weight_shape, geometry):
+            self.elements = max(self.elements, dy_lanes)
+
+    def _applies(self, array) -> bool:
+        return on_cpu(array) and conv.supports(array.dtype, self.groups)
+
+    def forward(self, x, weight, bias, y, work) -> bool:
+        """``y = conv(x, weight) + bias`` through ``work``; False, with nothing written, where
+        this engine does not apply or ``work`` holds less than one sample's prepared input."""
+        if not self._applies(x):
+            return False
+        chunk = conv.chunk_size(x.shape, self.geometry, work.size)
+        if chunk < 1:
+            return False
+        conv.conv_forward_direct(x, weight, bias, y, work, chunk, self.geometry)
+        return True
+
+    def backward(self, x, dy, weight, dx, dweight, dbias, work):
+        """Writes the gradients it computes faster (each overwritten) and returns ``(dx, dweight,
+        dbias)`` with None in place of those: what is left for im2col + GEMM."""
+        if not self.chunk or not self._applies(dy):
+            return dx, dweight, dbias
+        # The direct kernels run first: run after a GEMM, they would share the cores with
+        # OpenBLAS's workers, which spin for a while after a call.
+        done_dx = False
+        if dx is not None and conv.input_grad_pays(weight.shape) and \
+                conv.transposed_geometry(self.geometry) is not None:
+            done_dx = conv.conv_input_grad_direct(dy, weight, dx, work, self.geometry)
+        elif dx is not None and input_grad.sample_lanes_pay(dx.shape, weight.shape,
+                                                            self.geometry):
+            done_dx = input_grad.conv_input_grad_lanes(dy, weight, dx, work, self.geometry)
+        chunk = conv.chunk_size(x.shape, self.geometry, work.size, max_step=1)
+        if chunk >= 1 and weight_grad.weight_grad_pays(weight.shape):
+            weight_grad.conv_weight_grad_direct(x, dy, dweight, dbias, work, chunk,
+                                                self.geometry)
+            dweight = dbias = None
+        return (None if done_dx else dx), dweight, dbias

@@ -1,0 +1,104 @@
+"""Convolution's engines against each other: ``engine: auto`` (the cpu device's direct kernels
+where they pay) and ``engine: reference`` (im2col + GEMM) on random geometries, float32 on the
+cpu device, forward and every gradient; and the option itself."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minilms.kernels import conv_cpu
+from minilms.layers import ShapeError
+from minilms.layers.convolution import Convolution
+from minilms.layers.run import LayerRun
+
+from ..devices import new_device
+from ..kernels.conv_geometry import Geometry, geometries
+
+MiB = 2**20
+# 16 channels, 3x3, stride 1, pad 1 on 8x8: every direct path of the engine applies
+SAME_3X3 = Geometry(2, 16, 8, (3, 3), (1, 1), (1, 1), (1, 1), 8, 8)
+
+
+def layer(g, engine, bias=True, max_workspace=64 * MiB):
+    conv = Convolution("conv", ["x"], ["y"], num_output=g.o, kernel_size=list(g.kernel),
+                       stride=list(g.stride), pad=list(g.pad), dilation=list(g.dilation),
+                       bias=bias, engine=engine, max_workspace=max_workspace)
+    conv.setup([(g.n, g.c, g.height, g.width)])
+    return conv
+
+
+def run(conv, x, dy, params):
+    with new_device("cpu", 64 * MiB) as device:
+        runner = LayerRun(device, conv, [x.shape], dtype=x.dtype)
+        for key, value in params.items():
+            runner.set_param(key, value)
+        y = runner.forward([x])[0].copy()
+        (dx,), grads = runner.backward([dy])
+        return y, dx.copy(), {k: v.copy() for k, v in grads.items()}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(g=geometries(samples=(1, 20), channels=(1, 24), outputs=(1, 20), kernel_h=(1, 5),
+                    kernel_w=(1, 5), stride_h=(1, 3), height=(1, 14), width=(1, 14)),
+       bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_auto_engine_equals_reference_engine(g, bias, seed):
+    """The same layer with each engine: outputs and gradients agree to float32 rounding (sums in
+    another order), on geometries that take every direct path (transposed input gradient,
+    samples in lanes, prepared or in-place input) and many that take none."""
+    if not g.has_output:
+        return
+    rng = np.random.default_rng(seed)
+    auto, reference = layer(g, "auto", bias), layer(g, "reference", bias)
+    assert reference.fast is None and auto.fast is not None
+    assert auto.elements >= reference.elements     # room for the engine, never less
+    x = rng.standard_normal((g.n, g.c, g.height, g.width)).astype(np.float32)
+    dy = rng.standard_normal(auto.top_shapes[0]).astype(np.float32)
+    params = {"weight": rng.standard_normal(auto.params()[0].shape).astype(np.float32)}
+    if bias:
+        params["bias"] = rng.standard_normal(g.o).astype(np.float32)
+    got, want = run(auto, x, dy, params), run(reference, x, dy, params)
+    scale = np.sqrt(g.c * g.kernel[0] * g.kernel[1])   # sums of that many unit-variance terms
+    for a, b in zip(got[:2], want[:2]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * scale)
+    assert got[2].keys() == want[2].keys()
+    for key in want[2]:
+        np.testing.assert_allclose(got[2][key], want[2][key], rtol=1e-4,
+                                   atol=1e-5 * scale * np.sqrt(g.n * auto.out_h * auto.out_w))
+
+
+def test_reference_engine_runs_im2col_and_gemm_only(monkeypatch):
+    """``engine: reference`` never calls the direct kernels: with them broken, it still runs."""
+    from minilms.kernels.direct import engine as direct_engine
+    g = SAME_3X3
+    conv = layer(g, "reference")
+
+    def broken(*args, **kwargs):
+        raise AssertionError("the direct engine ran")
+    monkeypatch.setattr(direct_engine.DirectConvolution, "forward", broken)
+    monkeypatch.setattr(direct_engine.DirectConvolution, "backward", broken)
+    calls = []
+    real = conv_cpu.conv_forward
+    monkeypatch.setattr(conv_cpu, "conv_forward", lambda *a: calls.append(1) or real(*a))
+    x = np.ones((g.n, g.c, g.height, g.width), np.float32)
+    params = {"weight": np.ones(conv.params()[0].shape, np.float32),
+              "bias": np.zeros(g.o, np.float32)}
+    y, _, _ = run(conv, x, np.ones(conv.top_shapes[0], np.float32), params)
+    assert calls and y[0, 0, 4, 4] == g.c * 9          # an inside pixel: every tap reads a one
+
+
+def test_auto_engine_takes_the_forward():
+    """``engine: auto`` on a float32 cpu layer: the direct forward runs, im2col does not."""
+    g = SAME_3X3
+    conv = layer(g, "auto")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(conv_cpu, "conv_forward", None)   # would fail if called
+        x = np.ones((g.n, g.c, g.height, g.width), np.float32)
+        params = {"weight": np.ones(conv.params()[0].shape, np.float32),
+                  "bias": np.zeros(g.o, np.float32)}
+        y, _, _ = run(conv, x, np.ones(conv.top_shapes[0], np.float32), params)
+    assert y[0, 0, 4, 4] == g.c * 9
+
+
+def test_unknown_engine_is_a_shape_error_naming_the_option():
+    with pytest.raises(ShapeError, match="engine"):
+        Convolution("conv", ["x"], ["y"], num_output=2, kernel_size=3, engine="fast")
