@@ -35,6 +35,32 @@ class PlanError(MinilmsError, MemoryError):
     """No plan fits: names the step, the bytes it needs and the capacity, and what to change."""
 
 
+class ShapeError(MinilmsError):
+    """An impossible shape or option of a layer: names the layer, the input or option, what was
+    expected and what was found."""
+
+    def __init__(self, layer, what: str, expected: str, found):
+        super().__init__(f"layer {layer.name} ({layer.type}): {what}: expected {expected}, "
+                         f"found {found}")
+
+
+class CheckpointError(MinilmsError, ValueError):
+    """A checkpoint that cannot be written or read as one: ``{path}: expected ..., found ...``."""
+
+    def __init__(self, path, expected: str, found, hint: str = ""):
+        self.path, self.expected, self.found = str(path), expected, found
+        super().__init__(f"{path}: expected {expected}, found {' '.join(str(found).split())}"
+                         f"{hint}")
+
+
+class NoCheckpointError(CheckpointError):
+    """Nothing was ever saved at the path (as opposed to something broken being there)."""
+
+
+class DistributedError(MinilmsError):
+    """MPI was asked for but cannot be used (not installed, no thread support)."""
+
+
 class TraceError(MinilmsError):
     """A trace file that cannot be read: names the file and what is wrong, in one line."""
 

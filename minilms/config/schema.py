@@ -240,7 +240,7 @@ SCHEMA = Section(
                    None),
     ),
     lms=Section(
-        """Large Model Support (see DESIGN.md, "The knobs"). Off: every blob stays resident.
+        """Large Model Support (see docs/design.md, "The knobs"). Off: every blob stays resident.
         ``policy: auto`` computes the knobs below (the fastest plan that fits); ``manual`` takes
         them as given. ``min_swap_bytes``: smaller blobs stay resident; ``limit``: bytes kept
         resident after their step before LMS swaps (null or 0: only what the next step needs,

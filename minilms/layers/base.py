@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..errors import MinilmsError
+from ..errors import ShapeError
 
 LAYERS: dict[str, type["Layer"]] = {}
 
@@ -29,14 +29,6 @@ def register(cls):
         raise ValueError(f"layer type {cls.type} registered twice")
     LAYERS[cls.type] = cls
     return cls
-
-
-class ShapeError(MinilmsError):
-    """An impossible shape: names the layer, the input, what was expected and what was found."""
-
-    def __init__(self, layer: "Layer", what: str, expected: str, found):
-        super().__init__(f"layer {layer.name} ({layer.type}): {what}: expected {expected}, "
-                         f"found {found}")
 
 
 @dataclass(frozen=True)

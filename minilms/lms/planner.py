@@ -35,7 +35,7 @@ Every other blob leaves the pool by the end of the iteration (the epilogue), so 
 ends in the same state and is replayed as it is every iteration. The ``prologue`` places the pinned
 blobs and loads those that hold data, once.
 
-The knobs (``Policy``) and where they come from are in DESIGN.md. The soft limit is
+The knobs (``Policy``) and where they come from are in docs/design.md. The soft limit is
 ``max(limit, start_fraction * capacity)``: up to it blobs stay resident after their step; above it
 the planner evicts after every step (0, the default, is Caffe's default: keep only what the next
 step needs). ``policy: auto`` is computed in ``minilms.lms.cost``.

@@ -55,7 +55,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import MinilmsError, did_you_mean
+from ..errors import CheckpointError, NoCheckpointError, did_you_mean
 
 WEIGHTS, STATE, TRAINER, LATEST = "weights.npz", "state.npz", "trainer.json", "latest"
 FORMAT = "minilms-checkpoint/1"
@@ -63,18 +63,6 @@ REQUIRED_META = ("iteration", "epoch")
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]*")
 LEFTOVER = re.compile(r"(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)")
 RESERVED_NAMES = ("file", "allow_pickle")     # np.savez's own keyword arguments
-
-
-class CheckpointError(MinilmsError, ValueError):
-    """A checkpoint that cannot be written or read as one: ``{path}: expected ..., found ...``."""
-
-    def __init__(self, path, expected: str, found, hint: str = ""):
-        self.path, self.expected, self.found = str(path), expected, found
-        super().__init__(f"{path}: expected {expected}, found {one_line(found)}{hint}")
-
-
-class NoCheckpointError(CheckpointError):
-    """Nothing was ever saved at the path (as opposed to something broken being there)."""
 
 
 @dataclass

@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from ..errors import MinilmsError
+from ..errors import DistributedError
 
 EXIT_PEER_LOST = 3
 # Environment variables by which launchers tell a process how many ranks it has: MPICH (hydra)
@@ -46,10 +46,6 @@ _POLL_SECONDS = 0.0005     # the longest sleep between tests of a pending collec
 _LAST_WORDS_SECONDS = 0.5
 _active = None             # the World of this process, once it has more than one rank
 _failing = threading.Lock()   # held by the one thread that reports a failure and aborts
-
-
-class DistributedError(MinilmsError):
-    """MPI was asked for but cannot be used (not installed, no thread support)."""
 
 
 def launched_size(environ=os.environ) -> int:
