@@ -1,8 +1,9 @@
 """Configs: defaults, every check, locations (FILE:LINE:COL), overrides, round trips, and a corpus
 of bad configs (``tests/config_cases/bad``) whose one-line messages are pinned word for word.
 
-A corpus file starts with ``# expect: {file}:LINE:COL: message``; ``{file}`` stands for its path.
-Add a file there to add a case.
+A corpus file starts with ``# expect: {file}:LINE:COL: message``; ``{file}`` stands for its path,
+``{datasets}`` for the registered dataset formats (so a new format needs no edit here). Add a file
+there to add a case.
 """
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from minilms.config import ConfigDumper, load_config, config_error_line
 from minilms.config.schema import SCHEMA, Section
+from minilms.datasets import DATASETS
 from minilms.errors import ConfigError
 
 CASES = Path(__file__).parent / "config_cases"
@@ -138,7 +140,7 @@ TYPE_CASES = [
     ("model.options.width", "0", "an integer >= 1", "0"),
     ("model.layers", "5", "a non-empty list of layers, each a mapping with a name and a type, "
      "or null", "5"),
-    ("data.dataset", "7", "one of shapes, mnist, fashion_mnist, cifar10, imagefolder, npz", "7"),
+    ("data.dataset", "7", f"one of {', '.join(DATASETS)}", "7"),
     ("data.root", "false", "a non-empty string, or null", "False"),
     ("data.image_size", "0", "an integer >= 1", "0"),
     ("data.channels", "rgb", "1 or 3", "'rgb'"),
@@ -349,7 +351,8 @@ def test_the_corpus_is_big_enough():
 def test_bad_config_corpus(path):
     first = path.read_text().splitlines()[0]
     assert first.startswith("# expect: {file}"), "a corpus file starts with its expected message"
-    assert error_of(path) == first.removeprefix("# expect: ").replace("{file}", str(path))
+    expected = first.removeprefix("# expect: ").replace("{file}", str(path))
+    assert error_of(path) == expected.replace("{datasets}", ", ".join(DATASETS))
 
 
 # ---- overrides ----------------------------------------------------------------------------------

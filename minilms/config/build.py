@@ -5,6 +5,7 @@ import numpy as np
 
 from .. import zoo
 from .load import load_config
+from ..datasets.registry import DATASETS, OPTIONS, make_dataset
 from ..lms.cost import CostModel
 from ..device import AUTO_FRACTION, parse_link, resolve_kind
 from ..device.cpu import host_memory_info
@@ -12,17 +13,14 @@ from ..net import Net
 from ..lms.plan import Policy
 from ..sizes import parse_size
 
-# Classes of the formats whose count is fixed; others are counted from the data itself.
-FIXED_CLASSES = {"mnist": 10, "fashion_mnist": 10, "cifar10": 10, "shapes": 4}
-
 
 def num_classes(config) -> int:
     given = config.model.options.num_classes or config.data.num_classes
     if given:
         return given
-    if config.data.dataset in FIXED_CLASSES:
-        return FIXED_CLASSES[config.data.dataset]
-    from ..datasets import OPTIONS, make_dataset
+    # A format that declares its count is planned without its files; the others are counted.
+    if DATASETS[config.data.dataset].num_classes is not None:
+        return DATASETS[config.data.dataset].num_classes
     options = {k: config.data[k] for k in OPTIONS if k in config.data}
     return make_dataset(config.data.dataset, "train", **options).num_classes
 

@@ -14,14 +14,11 @@ The path of the data, as ``python -m minilms.train`` walks it::
 A ``Dataset`` is one split: ``len(ds)``, ``ds.classes`` (names), ``ds.num_classes``, ``ds.shape``
 (C, H, W), ``ds.labels`` (int32, all) and ``ds.get(indices) -> (images, labels)``, images float32
 in [0, 1]. ``make_dataset(name, split, **options)`` opens the ``"train"`` or ``"val"`` split (for
-file formats, ``val`` is the format's test split) of a format in ``DATASETS``:
-
-    shapes         drawn with Pillow, any image_size and channels, 2..8 classes  (shapes.py)
-    mnist          MNIST IDX files, plain or .gz                                (mnist.py)
-    fashion_mnist  Fashion-MNIST, the same files and layout                     (mnist.py)
-    cifar10        CIFAR-10 binary batches, never pickles                       (cifar10.py)
-    imagefolder    root/<class>/<image>, or root/train/... and root/val/...     (imagefolder.py)
-    npz            x_train, y_train, x_test, y_test (or x, y) in one .npz file  (npz.py)
+file formats, ``val`` is the format's test split) of a format in ``DATASETS``, which maps each
+name to its ``DatasetFormat``: the open function and its ``options``, ``num_classes`` (None:
+counted from the data), ``needs_root`` and ``files`` (what it reads under ``data.root``, in
+words). ``shapes`` is drawn with Pillow and needs no files; the others read MNIST and
+Fashion-MNIST IDX files, CIFAR-10 binary batches, image folders and ``.npz`` arrays.
 
 Options are the config's ``data.*`` keys (``OPTIONS``): ``root``, ``image_size``, ``channels``,
 ``num_classes``, ``train_size``, ``val_size``, ``val_fraction``, ``seed``, ``cache``. A format
@@ -37,12 +34,14 @@ A bad option is a ``ConfigError`` naming its ``data.*`` key; a bad file is a ``D
 naming the file, what was expected and what was found. Both are one line.
 
 To add a format: write ``<format>.py`` with ``open_<format>(split, *, <options>) -> Dataset``
-(usually an ``ArrayDataset`` or a ``CachedDataset``), register it in ``registry.py``, and test it
-in ``tests/datasets/test_<format>.py`` on small files the test writes.
+(usually an ``ArrayDataset`` or a ``CachedDataset``) and, beside it, its facts as
+``FORMAT = DatasetFormat(...)``; register it with one line in ``registry.py``; test it in
+``tests/datasets/test_<format>.py`` on small files the test writes. No other code or test lists
+the formats.
 """
-from .base import ArrayDataset, CachedDataset, Dataset
+from .base import ArrayDataset, CachedDataset, Dataset, DatasetFormat
 from .loader import BatchLoader
-from .registry import DATASETS, OPTIONS, DatasetFormat, make_dataset, register
+from .registry import DATASETS, OPTIONS, make_dataset, register
 from .transforms import Augment, channel_stats, make_transform
 
 __all__ = ["Dataset", "ArrayDataset", "CachedDataset", "DATASETS", "OPTIONS", "DatasetFormat",

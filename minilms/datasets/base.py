@@ -1,4 +1,4 @@
-"""What every dataset split is, and the checks every format shares.
+"""What every dataset split is, what every format declares, and the checks formats share.
 
 A split is a fixed, numbered list of labelled images. ``get(indices)`` returns the images as
 float32 ``[n, C, H, W]`` in [0, 1] and the labels as int32 ``[n]``; everything downstream
@@ -8,11 +8,18 @@ method, ``_pixels(indices)``.
 
 Keeping pixels as uint8 until a batch is asked for costs a quarter of the memory of float32, and
 scaling in one place means every format agrees on what 1.0 means.
+
+A format's facts (its name, open function, class count, whether it reads ``data.root`` and what it
+reads there) are a ``DatasetFormat`` declared once, beside the open function, in the format's
+module: the registry, the config's accepted ``data.dataset`` values and root check, the net
+builder's class count and the tests all read them from there, so none keeps a list to forget.
 """
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -122,6 +129,52 @@ def convert_channels(pixels: np.ndarray, channels: int) -> np.ndarray:
         grey = (pixels.astype(np.float32) * weights).sum(axis=1, keepdims=True)
         return np.rint(grey).astype(np.uint8) if pixels.dtype == np.uint8 else grey
     raise ValueError(f"cannot convert {have} channels to {channels}")
+
+
+@dataclass(frozen=True)
+class DatasetFormat:
+    """A format, as its module declares it (``FORMAT = DatasetFormat(...)``) and ``registry.py``
+    registers it.
+
+    ``open(split, *, <options>) -> Dataset`` opens the ``"train"`` or ``"val"`` split; its
+    keyword-only parameters are the ``data.*`` options it uses (``options``, read from the
+    signature so they cannot drift from the code). ``num_classes`` is the class count a config
+    gets with ``data.num_classes`` null, known without opening any data (None: counted from the
+    files). ``needs_root``: the data is read from ``data.root``. ``files`` says, for people, what
+    is read there, in the words of docs and errors.
+    """
+    name: str
+    open: Callable[..., Dataset]
+    num_classes: int | None
+    needs_root: bool
+    files: str
+
+    def __post_init__(self):
+        # A malformed fact fails at import, where it is written, not later as a wrong class
+        # count in a planned net or a blank in an error message.
+        if self.num_classes is not None and (type(self.num_classes) is not int
+                                             or self.num_classes < 2):
+            raise ValueError(f"{self.name}: num_classes must be an integer >= 2 or None, "
+                             f"not {self.num_classes!r}")
+        if not isinstance(self.needs_root, bool) or not self.files.strip():
+            raise ValueError(f"{self.name}: needs_root must be true or false and files a "
+                             "description of what the format reads")
+
+    @property
+    def options(self) -> frozenset:
+        return frozenset(p.name for p in inspect.signature(self.open).parameters.values()
+                         if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+    @property
+    def config_needs_root(self) -> bool:
+        """Whether a config without ``data.root`` is wrong before anything is opened: the class
+        count is in the files, so not even the net can be built. A format with a known count can
+        be planned on a machine without its data; training reports the missing root."""
+        return self.needs_root and self.num_classes is None
+
+    @property
+    def summary(self) -> str:
+        return inspect.getdoc(self.open).splitlines()[0]
 
 
 # --- option checks shared by the formats: each failure is a ConfigError naming the data.* key ---

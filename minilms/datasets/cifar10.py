@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
-from .base import (ArrayDataset, check_channels, check_native_size, check_num_classes,
-                   check_root, check_split, one_line)
+from .base import (ArrayDataset, DatasetFormat, check_channels, check_native_size,
+                   check_num_classes, check_root, check_split, one_line)
 
 RECORD_BYTES = 1 + 3 * 32 * 32
 FILES = {"train": tuple(f"data_batch_{i}.bin" for i in range(1, 6)), "val": ("test_batch.bin",)}
@@ -74,3 +74,8 @@ def open_cifar10(split: str, *, root=None, image_size=None, channels=None,
     labels = np.concatenate([labels for _, labels in batches])
     return ArrayDataset("cifar10", split, read_class_names(folder), images, labels,
                         check_channels(channels, 3))
+
+
+FORMAT = DatasetFormat("cifar10", open_cifar10, num_classes=len(CLASSES), needs_root=True,
+                       files=f"{FILES['train'][0]} .. {FILES['train'][-1]} and {FILES['val'][0]} "
+                             f"in root or root/{ARCHIVE_DIR}")

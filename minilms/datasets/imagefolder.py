@@ -22,8 +22,8 @@ import numpy as np
 from PIL import Image
 
 from ..errors import ConfigError, DatasetError
-from .base import (CachedDataset, check_channels, check_fraction, check_int, check_num_classes,
-                   check_root, check_split, one_line)
+from .base import (CachedDataset, DatasetFormat, check_channels, check_fraction, check_int,
+                   check_num_classes, check_root, check_split, one_line)
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp",
                             ".ppm", ".pgm", ".pbm"})
@@ -127,3 +127,9 @@ def open_imagefolder(split: str, *, root=None, image_size=None, channels=None, n
     labels = np.array([label for _, label in samples], np.int32)
     return ImageFolderDataset(split, classes, files, labels, image_size,
                               check_channels(channels, 3), cache=True if cache is None else cache)
+
+
+# No fixed class count: it is the number of class folders.
+FORMAT = DatasetFormat("imagefolder", open_imagefolder, num_classes=None, needs_root=True,
+                       files="root/<class>/<image>, or root/train/<class>/<image> and "
+                             "root/val/<class>/<image> (or test/); any image Pillow reads")

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
-from .base import (ArrayDataset, check_channels, check_native_size, check_num_classes,
-                   check_root, check_split, one_line)
+from .base import (ArrayDataset, DatasetFormat, check_channels, check_native_size,
+                   check_num_classes, check_root, check_split, one_line)
 
 IMAGES_MAGIC, LABELS_MAGIC = 2051, 2049
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -120,3 +120,16 @@ def open_fashion_mnist(split: str, *, root=None, image_size=None, channels=None,
     """The ``fashion_mnist`` format: ten kinds of clothing, same files and layout as MNIST."""
     return open_idx("fashion_mnist", split, root=root, image_size=image_size, channels=channels,
                     num_classes=num_classes)
+
+
+def _idx_format(name: str, open_split) -> DatasetFormat:
+    """The two formats differ only in name and classes: the files and where they are looked for
+    are the same, and so is the description that docs and errors give of them."""
+    files = ", ".join(FILES["train"] + FILES["val"])
+    return DatasetFormat(name, open_split, num_classes=len(CLASSES[name]), needs_root=True,
+                         files=f"{files} (each plain or .gz) in root, root/raw or "
+                               f"root/{_TORCHVISION_DIRS[name]}/raw")
+
+
+MNIST = _idx_format("mnist", open_mnist)
+FASHION_MNIST = _idx_format("fashion_mnist", open_fashion_mnist)

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
-from .base import (ArrayDataset, check_channels, check_fraction, check_int, check_native_size,
-                   check_num_classes, check_root, check_split, one_line)
+from .base import (ArrayDataset, DatasetFormat, check_channels, check_fraction, check_int,
+                   check_native_size, check_num_classes, check_root, check_split, one_line)
 
 SPLIT_KEYS = ("x_train", "y_train", "x_test", "y_test")
 WHOLE_KEYS = ("x", "y")
@@ -124,3 +124,9 @@ def open_npz(split: str, *, root=None, image_size=None, channels=None, num_class
     check_num_classes("npz", len(classes), num_classes)
     return ArrayDataset("npz", split, classes, images, labels,
                         check_channels(channels, images.shape[1]))
+
+
+# No fixed class count: it is the largest label in the file, plus one (or its classes).
+FORMAT = DatasetFormat("npz", open_npz, num_classes=None, needs_root=True,
+                       files=f"root is the .npz file: {', '.join(SPLIT_KEYS)} (or "
+                             f"{', '.join(WHOLE_KEYS)}), and optionally classes")

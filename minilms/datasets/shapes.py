@@ -20,10 +20,11 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .base import CachedDataset, check_channels, check_int, check_split
+from .base import CachedDataset, DatasetFormat, check_channels, check_int, check_split
 
 SPLIT_SEEDS = {"train": 0, "val": 1}
 MAX_CLASSES = 8
+DEFAULT_CLASSES = 4  # what a config without data.num_classes gets, and plans for
 _LUMA = np.array([0.299, 0.587, 0.114])
 _MIN_CONTRAST = 0.35  # luma difference between shape and background, so grey images stay visible
 
@@ -110,7 +111,7 @@ class ShapesDataset(CachedDataset):
     """``size`` drawn images of the first ``num_classes`` shapes; made on first use, then cached."""
 
     def __init__(self, split: str, size: int, image_size: int = 32, channels: int = 3,
-                 num_classes: int = 4, seed: int = 0):
+                 num_classes: int = DEFAULT_CLASSES, seed: int = 0):
         self.seed, self.image_size, self.channels = seed, image_size, channels
         labels = np.arange(size) % num_classes
         super().__init__("shapes", split, SHAPE_NAMES[:num_classes],
@@ -130,5 +131,10 @@ def open_shapes(split: str, *, image_size=None, channels=None, num_classes=None,
     return ShapesDataset(split, size,
                          image_size=check_int("image_size", image_size, 32, 4),
                          channels=check_channels(channels, 3),
-                         num_classes=check_int("num_classes", num_classes, 4, 2, MAX_CLASSES),
+                         num_classes=check_int("num_classes", num_classes, DEFAULT_CLASSES, 2,
+                                               MAX_CLASSES),
                          seed=check_int("seed", seed, 0, 0))
+
+
+FORMAT = DatasetFormat("shapes", open_shapes, num_classes=DEFAULT_CLASSES, needs_root=False,
+                       files="no files: every image is drawn from (seed, split, index)")

@@ -36,6 +36,13 @@ def write_cifar(folder: Path) -> dict:
     return batches
 
 
+def sample_options(tmp_path, name) -> dict:
+    """The data.* options of a small instance of format ``name``, written under ``tmp_path``:
+    the registry's tests open every format this way to check its declared facts."""
+    write_cifar(tmp_path)
+    return {"root": tmp_path, "image_size": 32}
+
+
 def test_values_round_trip_exactly_in_file_order(tmp_path):
     batches = write_cifar(tmp_path)
     train = make_dataset("cifar10", "train", root=tmp_path)

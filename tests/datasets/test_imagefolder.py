@@ -22,6 +22,15 @@ def random_rgb(seed: int, height: int = 8, width: int = 8) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
 
 
+def sample_options(tmp_path, name) -> dict:
+    """The data.* options of a small instance of format ``name``, written under ``tmp_path``:
+    the registry's tests open every format this way to check its declared facts."""
+    for i, label in enumerate("abc"):
+        write_png(tmp_path / "train" / label / "0.png", random_rgb(i))
+    write_png(tmp_path / "val" / "a" / "0.png", random_rgb(3))
+    return {"root": tmp_path, "image_size": 8}
+
+
 def test_split_layout_round_trips_pixels_with_sorted_classes(tmp_path):
     written = {}
     for s, (split, count) in enumerate((("train", 3), ("val", 2))):

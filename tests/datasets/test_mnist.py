@@ -39,6 +39,13 @@ def write_mnist(root: Path, gz: bool = False, images=TRAIN_IMAGES, labels=TRAIN_
     }
 
 
+def sample_options(tmp_path, name) -> dict:
+    """The data.* options of a small instance of format ``name``, written under ``tmp_path``:
+    the registry's tests open every format this way to check its declared facts."""
+    write_mnist(tmp_path)  # the labels are 0..9, so the files are Fashion-MNIST's as well
+    return {"root": tmp_path, "image_size": 28}
+
+
 def pixels(ds) -> np.ndarray:
     images, _ = ds.get(np.arange(len(ds)))
     return np.rint(images * 255).astype(np.uint8)

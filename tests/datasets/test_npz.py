@@ -28,6 +28,13 @@ def as_uint8(ds) -> np.ndarray:
     return np.rint(ds.get(np.arange(len(ds)))[0] * 255).astype(np.uint8)
 
 
+def sample_options(tmp_path, name) -> dict:
+    """The data.* options of a small instance of format ``name``, written under ``tmp_path``:
+    the registry's tests open every format this way to check its declared facts."""
+    path = save(tmp_path, x_train=NCHW, y_train=LABELS, x_test=TEST, y_test=TEST_LABELS)
+    return {"root": path, "image_size": 5}
+
+
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_uint8_images_round_trip_in_either_layout(tmp_path, layout):
     def arrange(x):

@@ -16,6 +16,12 @@ def small(split="train", **options):
     return make_dataset("shapes", split, **options)
 
 
+def sample_options(tmp_path, name) -> dict:
+    """The data.* options of a small instance of format ``name``, written under ``tmp_path``:
+    the registry's tests open every format this way to check its declared facts."""
+    return {"train_size": 8, "val_size": 4, "image_size": 8}
+
+
 def test_images_and_labels_have_the_promised_form():
     ds = small(image_size=20, channels=3, num_classes=5)
     images, labels = ds.get(np.arange(len(ds)))
