@@ -4,8 +4,8 @@ from setuptools import find_packages, setup
 # The CUDA toolkit comes from PyPI wheels (NVVM for compile_ptx, ptxas for resource reports),
 # so PTX compilation works on machines without a GPU or a system CUDA install.
 CUDA = ["numba-cuda[cu12]>=0.30"]
-# Data-parallel training (minilms.training.distributed): mpi4py, and MPICH from its PyPI wheel, which puts
-# mpiexec beside the Python executable (no system MPI needed).
+# Data-parallel training (minilms.training.distributed): mpi4py, and MPICH from its PyPI wheel,
+# which puts mpiexec beside the Python executable (no system MPI needed).
 MPI = ["mpi4py>=4", "mpich"]
 
 setup(
@@ -27,8 +27,9 @@ setup(
         "cuda": CUDA,
         # nbformat, nbclient, ipykernel: tests/test_notebooks.py runs the teaching notebooks
         # headless in a python3 kernel; MPI: tests/test_distributed.py runs mpiexec -n 2.
+        # ruff: .ci/run lints before the tests (settings in pyproject.toml).
         "test": ["pytest>=7", "hypothesis>=6.80", "nbformat>=5.7", "nbclient>=0.7",
-                 "ipykernel>=6"] + CUDA + MPI,
+                 "ipykernel>=6", "ruff>=0.6"] + CUDA + MPI,
         # The independent reference for tests (compared where installed) and the benchmarks'
         # baseline. Not in "test": unpinned, it brings gigabytes of CUDA packages to a CPU machine.
         "torch": ["torch>=2.1"],

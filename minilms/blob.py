@@ -31,7 +31,8 @@ class State(Enum):
 
 
 class Blob:
-    """``Blob(device, name, shape, dtype, role)``: host copy allocated now, device slot on demand."""
+    """``Blob(device, name, shape, dtype, role)``: host copy allocated now, device slot on
+    demand."""
 
     def __init__(self, device: Device, name: str, shape, dtype=np.float32, role="activation"):
         if role not in ROLES:
@@ -162,13 +163,15 @@ class Blob:
             self._set_state(State.DEVICE)
         elif self.state is State.HOST:
             if events.listening:
-                events.emit("h2d", self.name, self.nbytes, role=self.role, stream=self._stream_name(stream))
+                events.emit("h2d", self.name, self.nbytes, role=self.role,
+                            stream=self._stream_name(stream))
             self.device.h2d(self._device_view, self.host, stream, self.name)
             self._set_state(State.SYNCED)
 
     def _copy_home(self, stream) -> None:
         if events.listening:
-            events.emit("d2h", self.name, self.nbytes, role=self.role, stream=self._stream_name(stream))
+            events.emit("d2h", self.name, self.nbytes, role=self.role,
+                        stream=self._stream_name(stream))
         self.device.d2h(self.host, self._device_view, stream, self.name)
 
     def _stream_name(self, stream) -> str:

@@ -15,8 +15,9 @@ The schedule is what one training iteration does, in order, identically every it
 Updating each layer as soon as its backward is done gives the same weights as updating all at the
 end (no later backward step reads them), and lets LMS drop every gradient at once.
 ``schedule(delay_updates=True)`` puts every update after the last backward instead (in the same
-order): data-parallel training (``minilms.training.distributed``) averages layer L's gradients across
-processes while the backward steps of earlier layers compute, and updates once they have arrived.
+order): data-parallel training (``minilms.training.distributed``) averages layer L's gradients
+across processes while the backward steps of earlier layers compute, and updates once they have
+arrived.
 
 Each ``Step`` lists the blobs it reads, writes (every element, old contents not needed), updates
 (reads then writes) and uses as workspace. Those lists are the whole truth the planner works from.
@@ -95,7 +96,8 @@ class Net:
 
     def __init__(self, layer_specs: list[dict], inputs: dict, where: str = "model.layers"):
         self.specs, self.where = layer_specs, where
-        self.inputs = {name: (tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in inputs.items()}
+        self.inputs = {name: (tuple(shape), np.dtype(dtype))
+                       for name, (shape, dtype) in inputs.items()}
         built = [build_layer(spec, f"{where}[{i}]") for i, spec in enumerate(layer_specs)]
         names = [layer.name for layer in built]
         for i, name in enumerate(names):
@@ -104,7 +106,8 @@ class Net:
         self.layers = self._ordered(built, where)
         self.layer = {layer.name: layer for layer in self.layers}
         self.blobs: dict[str, BlobInfo] = {
-            name: BlobInfo(name, shape, dtype, "input") for name, (shape, dtype) in self.inputs.items()}
+            name: BlobInfo(name, shape, dtype, "input")
+            for name, (shape, dtype) in self.inputs.items()}
         for layer in self.layers:
             shapes = [self.blobs[b].shape for b in layer.bottom]
             dtype = np.dtype(np.float32)
@@ -117,7 +120,7 @@ class Net:
                                       f"{tuple(shape)}, so it cannot work in place", top)
         self._check_in_place()
         self.backward_layers = self._backward_layers()
-        self.loss_blobs = [l.top[0] for l in self.layers if l.is_loss]
+        self.loss_blobs = [ly.top[0] for ly in self.layers if ly.is_loss]
 
     def with_inputs(self, inputs: dict) -> "Net":
         """The same layers for other input shapes (a smaller last batch): a net of its own, since
@@ -135,9 +138,9 @@ class Net:
             for bottom in layer.bottom:
                 if bottom in self.inputs or bottom in made_by:
                     continue
-                later = next((l for l in layers[i + 1:] if bottom in l.top), None)
+                later = next((ly for ly in layers[i + 1:] if bottom in ly.top), None)
                 if later is None:
-                    known = set(self.inputs) | {t for l in layers for t in l.top}
+                    known = set(self.inputs) | {t for ly in layers for t in ly.top}
                     raise ConfigError(f"{here}.bottom", "a blob made by a layer or an input",
                                       bottom, hint=did_you_mean(bottom, known))
                 cycle = self._path(layer, later, layers)
@@ -203,7 +206,7 @@ class Net:
                     feeds_loss.update(layer.bottom)
             else:
                 wants.discard(layer.name)
-        self.grad_blobs = {b for l in self.layers if l.name in wants for b in l.bottom
+        self.grad_blobs = {b for ly in self.layers if ly.name in wants for b in ly.bottom
                            if any(b in p.top for p in self.layers if p.name in wants)}
         return wants
 
@@ -240,12 +243,14 @@ class Net:
 
     def _forward_step(self, index: int, layer: Layer) -> Step:
         prefix = layer.name + "."
-        params = [self._declare(prefix + p.name, p.shape, np.float32, "param") for p in layer.params()]
+        params = [self._declare(prefix + p.name, p.shape, np.float32, "param")
+                  for p in layer.params()]
         learned = {prefix + p.name for p in self.learnable(layer)}
         in_place = [t for t in layer.top if t in layer.bottom]
         return Step(
             index, "forward", layer.name,
-            reads=tuple(b for b in layer.bottom if b not in in_place) + tuple(p for p in params if p in learned),
+            reads=tuple(b for b in layer.bottom if b not in in_place)
+            + tuple(p for p in params if p in learned),
             writes=tuple(t for t in layer.top if t not in in_place)
             + tuple(self._declare(prefix + b.name, b.shape, b.dtype_in(np.float32), "activation")
                     for b in layer.saved()),
@@ -294,7 +299,8 @@ class Net:
         prefix = layer.name + "."
         params = self.learnable(layer)
         states = tuple(self._declare(f"{prefix}{p.name}.{state}", p.shape, np.float32,
-                                     "optimizer_state") for p in params for state in optimizer_state)
+                                     "optimizer_state")
+                       for p in params for state in optimizer_state)
         return Step(index, "update", layer.name,
                     reads=tuple(prefix + p.name + ".grad" for p in params),
                     updates=tuple(prefix + p.name for p in params) + states)

@@ -1,7 +1,15 @@
 """``python -m minilms.plan CONFIG.yaml ...`` (see ``minilms.commands.plan``), and the planner's
 names where code written before ``minilms.lms`` became a package imports them."""
-from minilms.lms import (Action, Plan, Policy, StepPlan, least_pool, make_plan, resident_bytes,
-                         working_set_bytes)
+from minilms.lms import (
+    Action,
+    Plan,
+    Policy,
+    StepPlan,
+    least_pool,
+    make_plan,
+    resident_bytes,
+    working_set_bytes,
+)
 
 __all__ = ["Action", "Plan", "Policy", "StepPlan", "least_pool", "make_plan", "resident_bytes",
            "working_set_bytes"]

@@ -12,7 +12,8 @@ class SGD:
 
     def __init__(self, lr: float, momentum: float = 0.0, nesterov: bool = False,
                  weight_decay: float = 0.0):
-        self.lr, self.momentum, self.nesterov, self.weight_decay = lr, momentum, nesterov, weight_decay
+        self.lr, self.momentum = lr, momentum
+        self.nesterov, self.weight_decay = nesterov, weight_decay
         self.state_names = ("momentum",) if momentum else ()
 
     def begin_iteration(self, iteration: int) -> None:

@@ -117,8 +117,10 @@ def googlenet(num_classes: int = 1000, width: int = 1) -> list:
             top = b.add(f"pool_{name}", "Pooling", top, pool="max", kernel_size=3, stride=2,
                         ceil_mode=True)
         branches = [b.conv_bn(f"inc{name}_1x1", top, c1, 1),
-                    b.conv_bn(f"inc{name}_3x3", b.conv_bn(f"inc{name}_3x3r", top, c3r, 1), c3, 3, pad=1),
-                    b.conv_bn(f"inc{name}_5x5", b.conv_bn(f"inc{name}_5x5r", top, c5r, 1), c5, 5, pad=2),
+                    b.conv_bn(f"inc{name}_3x3", b.conv_bn(f"inc{name}_3x3r", top, c3r, 1), c3, 3,
+                              pad=1),
+                    b.conv_bn(f"inc{name}_5x5", b.conv_bn(f"inc{name}_5x5r", top, c5r, 1), c5, 5,
+                              pad=2),
                     b.conv_bn(f"inc{name}_pp", b.add(f"inc{name}_pool", "Pooling", top, pool="max",
                                                      kernel_size=3, stride=1, pad=1), pp, 1)]
         top = b.add(f"inc{name}", "Concat", branches)

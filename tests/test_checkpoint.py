@@ -15,10 +15,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minilms.training import checkpoint as checkpoint_module
-from minilms.training.checkpoint import (CheckpointError, NoCheckpointError, apply_weights,
-                                load_checkpoint, load_weights, restore_rngs, save_checkpoint)
 from minilms.errors import MinilmsError
+from minilms.training import checkpoint as checkpoint_module
+from minilms.training.checkpoint import (
+    CheckpointError,
+    NoCheckpointError,
+    apply_weights,
+    load_checkpoint,
+    load_weights,
+    restore_rngs,
+    save_checkpoint,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from minilms.config import ConfigDumper, load_config, config_error_line
+from minilms.config import ConfigDumper, config_error_line, load_config
 from minilms.config.schema import SCHEMA, Section
 from minilms.datasets import DATASETS
 from minilms.errors import ConfigError

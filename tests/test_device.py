@@ -4,8 +4,13 @@ import time
 import numpy as np
 import pytest
 
-from minilms.device import (AUTO_FRACTION, make_device, parse_link, real_gpu_available,
-                            resolve_memory)
+from minilms.device import (
+    AUTO_FRACTION,
+    make_device,
+    parse_link,
+    real_gpu_available,
+    resolve_memory,
+)
 from minilms.device.cpu import host_memory_info
 from minilms.errors import ConfigError
 

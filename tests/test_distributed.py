@@ -24,17 +24,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minilms import zoo
-from minilms.training.checkpoint import load_checkpoint
 from minilms.commands.common import run
 from minilms.commands.train import main
-from minilms.training.distributed import (GradientReducer, World, device_of, launched_size, memory_share,
-                                 sharers)
 from minilms.errors import PlanError
 from minilms.lms import LmsExecutor
-from minilms.net import Net
-from minilms.lms.planner import Policy, make_plan
 from minilms.lms.check import check_plan
+from minilms.lms.planner import Policy, make_plan
+from minilms.net import Net
 from minilms.solver import SGD, Adam
+from minilms.training.checkpoint import load_checkpoint
+from minilms.training.distributed import (
+    GradientReducer,
+    World,
+    device_of,
+    launched_size,
+    memory_share,
+    sharers,
+)
 
 from .devices import new_device
 from .test_executor import RESIDUAL_INCEPTION, batch

@@ -6,10 +6,10 @@ import pytest
 from minilms import events, zoo
 from minilms.device import make_device
 from minilms.errors import OutOfDeviceMemory, PlanError
-from minilms.lms.executor import ResidentExecutor
 from minilms.lms import LmsExecutor
-from minilms.net import Net
+from minilms.lms.executor import ResidentExecutor
 from minilms.lms.planner import Policy, least_pool, resident_bytes
+from minilms.net import Net
 from minilms.solver import SGD, Adam
 
 from .devices import new_device

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from minilms.blob import Blob, State
-from minilms.errors import OutOfDeviceMemory
 from minilms.device.pool import align_up
+from minilms.errors import OutOfDeviceMemory
 
 from .devices import new_device
 

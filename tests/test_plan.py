@@ -7,12 +7,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minilms import zoo
-from minilms.errors import ConfigError, PlanError
-from minilms.net import Net
-from minilms.lms.check import check_plan
-from minilms.lms.planner import (Liveness, Policy, least_pool, make_plan, resident_bytes,
-                          working_set_bytes)
 from minilms.device.pool import ALIGNMENT
+from minilms.errors import ConfigError, PlanError
+from minilms.lms.check import check_plan
+from minilms.lms.planner import (
+    Liveness,
+    Policy,
+    least_pool,
+    make_plan,
+    resident_bytes,
+    working_set_bytes,
+)
+from minilms.net import Net
 
 from .test_executor import RESIDUAL_INCEPTION
 

@@ -4,8 +4,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from minilms.errors import OutOfDeviceMemory
 from minilms.device.pool import ALIGNMENT, Pool, align_up
+from minilms.errors import OutOfDeviceMemory
 
 
 def test_allocations_are_aligned_and_rounded_up():

@@ -15,8 +15,8 @@ from minilms.commands.common import run
 from minilms.device import make_device
 from minilms.layers.run import LayerRun
 from minilms.lms import LmsExecutor
-from minilms.net import Net, build_layer
 from minilms.lms.planner import Policy, least_pool
+from minilms.net import Net, build_layer
 from minilms.solver import SGD
 
 from .test_executor import batch

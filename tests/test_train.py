@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minilms.training.checkpoint import load_checkpoint
 from minilms.commands.common import run
 from minilms.commands.train import main
+from minilms.training.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD_CONFIGS = sorted((Path(__file__).parent / "config_cases" / "bad").glob("*.yaml"))

@@ -13,14 +13,13 @@ the gradients its backward makes).
 import argparse
 from dataclasses import replace
 
-from ..lms.cost import plan_for, simulate
+from ..config.build import build_net, cost_model, device_kind, lms_policy, load, planned_capacity
 from ..device import parse_link
 from ..errors import PlanError
+from ..lms.cost import plan_for, simulate
 from ..lms.plan import Plan
 from ..lms.planner import least_pool, make_plan, resident_bytes, working_set_bytes
 from ..sizes import format_bytes
-from ..config.build import (build_net, cost_model, device_kind, load, lms_policy,
-                            planned_capacity)
 from .common import run
 
 COLUMNS = ("layer", "type", "output", "params", "working set", "in/iter", "out/iter", "pinned")

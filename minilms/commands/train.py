@@ -14,16 +14,16 @@ memory trace and its picture. Nothing is written before the config, the data, th
 have all been checked; every such mistake is one line on stderr and exit code 2.
 
 ``mpiexec -n N python -m minilms.train CONFIG.yaml`` trains data-parallel over N processes
-(``minilms.training.distributed``; the config's ``distributed`` section): rank 0 chooses the run directory
-and writes what one process would; with ``trace: true`` every rank records its own trace, rank 0
-into ``trace.json``, rank R into ``trace.rankR.json``.
+(``minilms.training.distributed``; the config's ``distributed`` section): rank 0 chooses the run
+directory and writes what one process would; with ``trace: true`` every rank records its own trace,
+rank 0 into ``trace.json``, rank R into ``trace.rankR.json``.
 """
 import argparse
 import time
 from pathlib import Path
 
-from ..errors import ConfigError
 from ..config.build import load
+from ..errors import ConfigError
 from .common import run
 from .plan import report
 

@@ -4,14 +4,14 @@ model of the device kind. The commands and the trainer build everything through 
 import numpy as np
 
 from .. import zoo
-from .load import load_config
 from ..datasets.registry import DATASETS, OPTIONS, make_dataset
-from ..lms.cost import CostModel
 from ..device import AUTO_FRACTION, parse_link, resolve_kind
 from ..device.cpu import host_memory_info
-from ..net import Net
+from ..lms.cost import CostModel
 from ..lms.plan import Policy
+from ..net import Net
 from ..sizes import parse_size
+from .load import load_config
 
 
 def num_classes(config) -> int:

@@ -30,10 +30,19 @@ from pathlib import Path
 
 import yaml
 
-from .schema import SCHEMA, Invalid, Section, check_together
-from .yaml_source import (ConfigDumper, ConfigLoader, Origin, compose, config_error, join_key, LayerMap,
-                          split_key, unknown_key)
 from ..errors import ConfigError, did_you_mean
+from .schema import SCHEMA, Invalid, Section, check_together
+from .yaml_source import (
+    ConfigDumper,
+    ConfigLoader,
+    LayerMap,
+    Origin,
+    compose,
+    config_error,
+    join_key,
+    split_key,
+    unknown_key,
+)
 
 __all__ = ["Config", "load_config", "config_error_line", "ConfigLoader", "ConfigDumper"]
 
@@ -45,7 +54,8 @@ def _read(path) -> tuple[dict, Origin]:
     try:
         text = file.read_bytes().decode("utf-8-sig")
     except FileNotFoundError:
-        raise config_error(label, "", "a YAML config file", None, found_text="no such file") from None
+        raise config_error(label, "", "a YAML config file", None,
+                           found_text="no such file") from None
     except OSError as error:
         raise config_error(label, "", "a readable YAML config file", None,
                      found_text=error.strerror or type(error).__name__) from None
@@ -61,7 +71,8 @@ def _read(path) -> tuple[dict, Origin]:
         raise config_error(label, "", "a mapping of settings (model, data, solver, ...)", None,
                      found_text="an empty file")
     if not isinstance(tree, dict):
-        raise config_error(label, "", "a mapping of settings (model, data, solver, ...) at the top level",
+        raise config_error(label, "", "a mapping of settings (model, data, solver, ...) at the "
+                           "top level",
                      tree, found_text="a list" if isinstance(tree, list) else repr(tree))
     return tree, origin
 
@@ -109,7 +120,8 @@ def _resolve(section: Section, raw, path: str, origin: Origin) -> dict:
     if raw is None:
         raw = {}        # "solver:" with nothing under it: all defaults
     if not isinstance(raw, dict):
-        raise config_error(origin.locate(path), path, f"a mapping with keys {', '.join(section.fields)}",
+        raise config_error(origin.locate(path), path,
+                           f"a mapping with keys {', '.join(section.fields)}",
                      raw)
     given = {}
     for key, value in raw.items():

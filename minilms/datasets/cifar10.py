@@ -17,8 +17,16 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
-from .base import (ArrayDataset, DatasetFormat, check_channels, check_native_size,
-                   check_num_classes, check_root, check_split, one_line)
+from .base import (
+    ArrayDataset,
+    DatasetFormat,
+    check_channels,
+    check_native_size,
+    check_num_classes,
+    check_root,
+    check_split,
+    one_line,
+)
 
 RECORD_BYTES = 1 + 3 * 32 * 32
 FILES = {"train": tuple(f"data_batch_{i}.bin" for i in range(1, 6)), "val": ("test_batch.bin",)}

@@ -22,8 +22,17 @@ import numpy as np
 from PIL import Image
 
 from ..errors import ConfigError, DatasetError
-from .base import (CachedDataset, DatasetFormat, check_channels, check_fraction, check_int,
-                   check_num_classes, check_root, check_split, one_line)
+from .base import (
+    CachedDataset,
+    DatasetFormat,
+    check_channels,
+    check_fraction,
+    check_int,
+    check_num_classes,
+    check_root,
+    check_split,
+    one_line,
+)
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp",
                             ".ppm", ".pgm", ".pbm"})

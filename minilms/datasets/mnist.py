@@ -18,8 +18,16 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
-from .base import (ArrayDataset, DatasetFormat, check_channels, check_native_size,
-                   check_num_classes, check_root, check_split, one_line)
+from .base import (
+    ArrayDataset,
+    DatasetFormat,
+    check_channels,
+    check_native_size,
+    check_num_classes,
+    check_root,
+    check_split,
+    one_line,
+)
 
 IMAGES_MAGIC, LABELS_MAGIC = 2051, 2049
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),

@@ -17,8 +17,18 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
-from .base import (ArrayDataset, DatasetFormat, check_channels, check_fraction, check_int,
-                   check_native_size, check_num_classes, check_root, check_split, one_line)
+from .base import (
+    ArrayDataset,
+    DatasetFormat,
+    check_channels,
+    check_fraction,
+    check_int,
+    check_native_size,
+    check_num_classes,
+    check_root,
+    check_split,
+    one_line,
+)
 
 SPLIT_KEYS = ("x_train", "y_train", "x_test", "y_test")
 WHOLE_KEYS = ("x", "y")

@@ -21,7 +21,8 @@ class Link:
         return nbytes / self.bytes_per_second
 
     def hold(self, started: float, nbytes: int) -> None:
-        """Wait until a copy of ``nbytes`` begun at ``started`` has taken as long as the link needs."""
+        """Wait until a copy of ``nbytes`` begun at ``started`` has taken as long as the link
+        needs."""
         until = started + self.min_seconds(nbytes)
         remaining = until - time.perf_counter()
         if remaining > 2e-3:

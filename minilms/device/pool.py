@@ -126,7 +126,8 @@ class Pool:
         return offset if at + size <= offset + self._free_sizes[offset] else None
 
     def _carve(self, block: int, start: int, size: int) -> None:
-        """Take ``[start, start+size)`` out of free block ``block``, keeping what is left around it."""
+        """Take ``[start, start+size)`` out of free block ``block``, keeping what is left around
+        it."""
         block_size = self._free_sizes.pop(block)
         self._free_offsets.remove(block)
         if start > block:

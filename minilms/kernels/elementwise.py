@@ -239,8 +239,8 @@ def accumulate_cpu(dst, src):
 
 
 def accumulate(dst, src, stream=None):
-    """``dst += src``: gradient accumulation where a blob feeds several layers of a DAG. The order of
-    the calls fixes the order of the sums, so the result is deterministic."""
+    """``dst += src``: gradient accumulation where a blob feeds several layers of a DAG. The order
+    of the calls fixes the order of the sums, so the result is deterministic."""
     dst, src = flat(dst, src)
     if on_cpu(dst):
         accumulate_cpu(dst, src)
@@ -250,7 +250,8 @@ def accumulate(dst, src, stream=None):
 
 # ---------------------------------------------------------------- slice copy
 
-_SLICE_SIGS = [f"void({t}[:, :, ::1], {t}[:, :, ::1], int64, boolean)" for t in ("float32", "float64")]
+_SLICE_SIGS = [f"void({t}[:, :, ::1], {t}[:, :, ::1], int64, boolean)"
+               for t in ("float32", "float64")]
 
 
 @cuda_kernel(*_SLICE_SIGS)

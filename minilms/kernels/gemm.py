@@ -1,20 +1,20 @@
 """GEMM: ``c = alpha * op(a) @ op(b) + beta * c`` for 2-D arrays.
 
 ``op(x)`` is ``x`` or ``x.T`` (``trans_a`` / ``trans_b``), so with ``op(a)`` of shape ``[M, K]`` and
-``op(b)`` of shape ``[K, N]``, ``c`` is ``[M, N]``. As in BLAS, ``beta == 0`` means ``c`` is not read
-(NaN or garbage in ``c`` does not leak into the result).
+``op(b)`` of shape ``[K, N]``, ``c`` is ``[M, N]``. As in BLAS, ``beta == 0`` means ``c`` is not
+read (NaN or garbage in ``c`` does not leak into the result).
 
 CPU: numpy's matmul, which is BLAS (``sgemm``/``dgemm``) for float32/float64; transposes are passed
 to BLAS as views, never copied. CUDA: a tiled kernel per transpose combination (``gemm_nn``,
 ``gemm_nt``, ``gemm_tn``, ``gemm_tt``, as BLAS names them), float32, C-contiguous arrays.
 
 The CUDA kernel tiles ``c`` into ``BM x BN`` blocks. For each ``BK``-deep slice of K, the block's
-``THREADS`` threads stage an ``op(a)`` tile and an ``op(b)`` tile in shared memory; then every thread
-accumulates a ``TM x TN`` register tile of outputs (register blocking: each value read from shared
-memory feeds ``TM`` or ``TN`` FMAs instead of one). A thread's outputs are strided by ``TY``/``TX``
-rather than adjacent, so a warp's shared-memory reads hit distinct banks (or broadcast) and its
-global stores of ``c`` are coalesced. Bounds are checked only where tiles are loaded and ``c`` is
-stored, so any M, N, K work (K = 0 included: ``c = beta * c``).
+``THREADS`` threads stage an ``op(a)`` tile and an ``op(b)`` tile in shared memory; then every
+thread accumulates a ``TM x TN`` register tile of outputs (register blocking: each value read from
+shared memory feeds ``TM`` or ``TN`` FMAs instead of one). A thread's outputs are strided by
+``TY``/``TX`` rather than adjacent, so a warp's shared-memory reads hit distinct banks (or
+broadcast) and its global stores of ``c`` are coalesced. Bounds are checked only where tiles are
+loaded and ``c`` is stored, so any M, N, K work (K = 0 included: ``c = beta * c``).
 """
 import numpy as np
 from numba import cuda, float32
@@ -156,9 +156,9 @@ def gemm(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, stream=None
     """``c[M, N] = alpha * op(a)[M, K] @ op(b)[K, N] + beta * c``, in place; returns ``c``.
 
     ``a``, ``b``, ``c`` are 2-D, of one dtype, all numpy (the ``cpu`` device: float32 or float64)
-    or all CUDA device arrays (float32, C-contiguous: express a transpose with ``trans_a``/``trans_b``,
-    not with a ``.T`` view). ``c`` must not overlap ``a`` or ``b`` on CUDA. ``stream`` is the CUDA
-    stream to launch on (default stream when None; ignored on the CPU).
+    or all CUDA device arrays (float32, C-contiguous: express a transpose with
+    ``trans_a``/``trans_b``, not with a ``.T`` view). ``c`` must not overlap ``a`` or ``b`` on CUDA.
+    ``stream`` is the CUDA stream to launch on (default stream when None; ignored on the CPU).
     """
     m, n, k = _check_shapes(a, b, c, trans_a, trans_b)
     cpu = [on_cpu(x) for x in (a, b, c)]

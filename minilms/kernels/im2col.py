@@ -4,7 +4,8 @@ For an image ``img[C, H, W]``, a kernel ``kh x kw``, stride ``(sh, sw)``, paddin
 dilation ``(dh, dw)``, the output is ``out_h x out_w`` with
 ``out_h = (H + 2 ph - dh (kh - 1) - 1) // sh + 1`` (likewise ``out_w``), and
 
-    col[(c * kh + i) * kw + j, oh * out_w + ow] = img[c, oh * sh - ph + i * dh, ow * sw - pw + j * dw]
+    col[(c * kh + i) * kw + j, oh * out_w + ow] = img[c, oh * sh - ph + i * dh, ow * sw - pw + j *
+    dw]
 
 (zero where that falls in the padding), so ``col`` is ``[C * kh * kw, out_h * out_w]`` and a
 convolution's forward pass is ``gemm(weight.reshape(K, C * kh * kw), col, out.reshape(K, -1))``.
@@ -41,11 +42,13 @@ def _pair(value, name):
 
 
 def conv_out_size(size, kernel, stride=1, padding=0, dilation=1) -> int:
-    """Output extent along one axis: ``(size + 2 padding - dilation (kernel - 1) - 1) // stride + 1``."""
+    """Output extent along one axis:
+    ``(size + 2 padding - dilation (kernel - 1) - 1) // stride + 1``."""
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
-def col_shape(img_shape, kernel_size, stride=1, padding=0, dilation=1, rows=None) -> tuple[int, int]:
+def col_shape(img_shape, kernel_size, stride=1, padding=0, dilation=1,
+              rows=None) -> tuple[int, int]:
     """Shape of ``col`` for an image of shape ``(C, H, W)``: ``(C * kh * kw, out_h * out_w)``, or
     ``(C * kh * kw, (r1 - r0) * out_w)`` for the band ``rows=(r0, r1)`` of output rows."""
     shape, params = _geometry(img_shape, kernel_size, stride, padding, dilation)
@@ -154,8 +157,8 @@ _SIG_IM2COL = "void({0}[:, :, ::1], {0}[:, ::1], " + ", ".join(["int64"] * 12) +
 _SIG_COL2IM = "void({0}[:, ::1], {0}[:, :, ::1], " + ", ".join(["int64"] * 14) + ")"
 
 
-# Waking the thread pool costs ~100 us; a small column (LeNet's: 25 x 576 per sample) is copied
-# faster by one thread than that. The same code, compiled serial (prange runs as range).
+# Waking the thread pool costs more than copying a small column (LeNet's: 25 x 576 per sample)
+# with one thread. The same code, compiled serial (prange runs as range).
 PARALLEL_MIN = 1 << 17
 _im2col_cpu_serial = cpu_variant(_im2col_cpu.py_func, "serial", parallel=False)
 _col2im_cpu_serial = cpu_variant(_col2im_cpu.py_func, "serial", parallel=False)
@@ -227,11 +230,13 @@ def col2im_kernel(col, img, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w, r0, r1
 # --- launchers ------------------------------------------------------------------------------------
 
 def im2col(img, col, kernel_size, stride=1, padding=0, dilation=1, stream=None, rows=None):
-    """Fill ``col[C * kh * kw, out_h * out_w]`` from ``img[C, H, W]`` (see the module doc); returns col.
+    """Fill ``col[C * kh * kw, out_h * out_w]`` from ``img[C, H, W]`` (see the module doc);
+    returns col.
 
     ``kernel_size``, ``stride``, ``padding``, ``dilation``: an int or an ``(h, w)`` pair. Every
     element of ``col`` is written (padding taps get 0). ``stream``: CUDA stream (ignored on CPU).
-    ``rows=(r0, r1)``: only output rows ``r0 <= oh < r1``, into ``col[C * kh * kw, (r1 - r0) * out_w]``.
+    ``rows=(r0, r1)``: only output rows ``r0 <= oh < r1``, into
+    ``col[C * kh * kw, (r1 - r0) * out_w]``.
     """
     params = _check(img, col, kernel_size, stride, padding, dilation, rows)
     if on_cpu(img):

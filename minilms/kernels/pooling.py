@@ -15,9 +15,10 @@ Max: padding never wins. ``argmax`` (int32, shape of ``y``) records ``h*W + w`` 
 within its ``(n, c)`` plane (PyTorch's ``return_indices`` convention); ties go to the first maximum
 in row-major order; NaN propagates, as in PyTorch.
 
-Average: ``y = sum(window ∩ input) / divisor``. With ``count_include_pad=True`` (the default, Caffe's
-and PyTorch's default) the divisor is the window clipped to the padded input, ``[-pad, H + pad)``:
-zero padding counts, but the overhang of a ceil-mode window beyond the padding does not. With
+Average: ``y = sum(window ∩ input) / divisor``. With ``count_include_pad=True`` (the default,
+Caffe's and PyTorch's default) the divisor is the window clipped to the padded input, ``[-pad, H +
+pad)``: zero padding counts, but the overhang of a ceil-mode window beyond the padding does not.
+With
 ``count_include_pad=False`` it is the number of real elements.
 
 Backward passes are gathers (each input element sums the outputs whose windows hold it), not
@@ -163,7 +164,8 @@ def _sigs(pattern):
 
 def _argmax(argmax, y):
     if argmax.dtype != np.int32 or tuple(argmax.shape) != tuple(y.shape):
-        raise ValueError(f"argmax must be int32 {tuple(y.shape)}, got {argmax.dtype} {argmax.shape}")
+        raise ValueError(f"argmax must be int32 {tuple(y.shape)}, "
+                         f"got {argmax.dtype} {argmax.shape}")
     return view(argmax, *y.shape)
 
 
@@ -216,7 +218,7 @@ def max_pool_backward_cuda(dy, argmax, dx, geom):
 def max_pool_backward_cpu(dy, argmax, dx, geom):
     # A scatter, one plane per thread: each dx element receives its dy values in (oh, ow) order,
     # as the CUDA gather adds them, so the sums are identical, at one pass over dy instead of a
-    # search of every covering window per input (20x faster than gathering on the CPU).
+    # search of every covering window per input (measured much faster than gathering on the CPU).
     n_, c_, h_, w_ = dx.shape
     ho, wo = dy.shape[2], dy.shape[3]
     for plane in prange(n_ * c_):
@@ -338,9 +340,9 @@ def _global_avg_pool_forward(x, y):
 
 
 # Reassociation lets LLVM split each row's sum over vector lanes (a strict left-to-right sum is a
-# chain of dependent adds: measured 3x slower); the order then depends on the vector width only.
-# Serial below GLOBAL_PARALLEL_MIN elements: waking the threads costs about 30 us, the time a core
-# sums a million floats in (measured: 32x64x8x8 took 4 us serial, 30 us parallel).
+# chain of dependent adds, measured slower); the order then depends on the vector width only.
+# Serial below GLOBAL_PARALLEL_MIN elements: waking the threads costs about the time a core sums a
+# million floats in (measured: docs/benchmarks.md, "Why the code chose").
 GLOBAL_PARALLEL_MIN = 1 << 20
 global_avg_pool_forward_cpu = cpu_variant(_global_avg_pool_forward, "par", True,
                                           fastmath={"reassoc", "contract"})

@@ -163,7 +163,8 @@ def ptxas_path() -> str:
     if found := shutil.which(name):
         return found
     raise FileNotFoundError("ptxas not found: install the CUDA toolkit wheels "
-                            "(pip install 'numba-cuda[cu12]', which brings nvidia-cuda-nvcc) or put "
+                            "(pip install 'numba-cuda[cu12]', which brings nvidia-cuda-nvcc) "
+                            "or put "
                             "a CUDA toolkit's bin/ on PATH")
 
 
@@ -284,8 +285,8 @@ def _compile_task(task, ptxas):
 
 
 def problems(results, failures, check=True) -> list:
-    """One message per failure to import, compile or assemble (and per spilling kernel if ``check``),
-    each naming the kernel, its signature and the arch."""
+    """One message per failure to import, compile or assemble (and per spilling kernel if
+    ``check``), each naming the kernel, its signature and the arch."""
     found = [f"module minilms.kernels.{module} failed to import: {error}"
              for module, error in failures.items()]
     for result in results:

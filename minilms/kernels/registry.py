@@ -15,9 +15,9 @@ Numba resolves only plain globals inside compiled code, so bind each version to 
 name first (``window_cuda = window.cuda``) and call that.
 
 Device functions are always ``inline="always"``: an out-of-line device function makes
-``compile_ptx`` ask the (absent) GPU for its compute capability, which fails on a machine without one.
-Launchers cast scalars to the arrays' dtype and require C-contiguous arrays, so what runs is the
-specialisation the PTX report compiled.
+``compile_ptx`` ask the (absent) GPU for its compute capability, which fails on a machine without
+one. Launchers cast scalars to the arrays' dtype and require C-contiguous arrays, so what runs is
+the specialisation the PTX report compiled.
 """
 from dataclasses import dataclass
 from typing import Callable
@@ -63,7 +63,8 @@ def cuda_kernel(*signatures: str, block=THREADS_1D):
 
 
 class _SharedFunction:
-    """One Python function compiled for the CPU (``.cpu``) and as a CUDA device function (``.cuda``)."""
+    """One Python function compiled for the CPU (``.cpu``) and as a CUDA device function
+    (``.cuda``)."""
 
     def __init__(self, fn):
         self.py_func = fn

@@ -31,7 +31,8 @@ __all__ = ["softmax_xent_forward", "softmax_xent_backward", "accuracy"]
 ROW_THREADS = 128   # one block per row of logits
 SUM_THREADS = 256   # the single block of the mean and count reductions
 
-_F = (("float32[:, ::1]", "float32[::1]", "float32"), ("float64[:, ::1]", "float64[::1]", "float64"))
+_F = (("float32[:, ::1]", "float32[::1]", "float32"),
+      ("float64[:, ::1]", "float64[::1]", "float64"))
 
 
 def _sigs(pattern):
@@ -209,9 +210,9 @@ def accuracy_cpu(z, labels, top_k, count):
 
 
 def accuracy(logits, labels, count, top_k=1, stream=None):
-    """``count[0]`` (int32) = number of rows whose label is among the ``top_k`` highest logits: a row
-    counts when fewer than ``top_k`` classes score strictly higher than its label (Caffe's rule: ties
-    count in the label's favour). Divide by N on the host for a rate."""
+    """``count[0]`` (int32) = number of rows whose label is among the ``top_k`` highest logits: a
+    row counts when fewer than ``top_k`` classes score strictly higher than its label (Caffe's rule:
+    ties count in the label's favour). Divide by N on the host for a rate."""
     n, k = logits.shape
     if count.size != 1 or count.dtype != np.int32:
         raise ValueError(f"accuracy: count must be int32 [1], got {count.dtype} {count.shape}")

@@ -2,7 +2,19 @@
 
 Adding a layer touches three places: its file here, its import below, and its test.
 """
+from . import (  # noqa: F401  (registration)
+    accuracy,
+    batch_norm,
+    concat,
+    convolution,
+    dropout,
+    eltwise,
+    flatten,
+    inner_product,
+    pooling,
+    relu,
+    softmax_with_loss,
+)
 from .base import LAYERS, BufferSpec, Layer, ParamSpec, ShapeError, StepIO, register
-from . import accuracy, batch_norm, concat, convolution, dropout, eltwise, flatten, inner_product, pooling, relu, softmax_with_loss  # noqa: F401  (registration)
 
 __all__ = ["LAYERS", "Layer", "ParamSpec", "BufferSpec", "ShapeError", "StepIO", "register"]

@@ -15,8 +15,8 @@ import numbers
 import numpy as np
 from numba import cuda
 
-from ..kernels.common import launch, view
 from ..kernels import on_cpu
+from ..kernels.common import launch, view
 from ..kernels.registry import cuda_kernel
 from ..kernels.softmax import accuracy
 from .base import BufferSpec, Layer, ShapeError, register

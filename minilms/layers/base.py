@@ -38,7 +38,8 @@ class ParamSpec:
     init: str = "zeros"       # "he", "xavier", "zeros", "ones"
     fan_in: int = 1
     fan_out: int = 1
-    learnable: bool = True    # False: state kept and checkpointed, but no gradient (BN running stats)
+    # False: state kept and checkpointed, but no gradient (BN running stats)
+    learnable: bool = True
 
     def initial(self, rng: np.random.Generator, dtype=np.float32) -> np.ndarray:
         if self.init == "zeros":

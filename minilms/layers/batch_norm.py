@@ -29,9 +29,12 @@ import numbers
 
 from numba import cuda, njit, prange
 
+from ..kernels.batchnorm import (
+    batchnorm_backward,
+    batchnorm_forward_inference,
+    batchnorm_forward_train,
+)
 from ..kernels.common import block_sum, launch, view
-from ..kernels.batchnorm import (batchnorm_backward, batchnorm_forward_inference,
-                                 batchnorm_forward_train)
 from ..kernels.elementwise import fill
 from ..kernels.registry import cuda_kernel, on_cpu
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register

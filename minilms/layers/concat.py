@@ -8,6 +8,7 @@ Neither reads a forward blob. The copy kernel
 from ..kernels.elementwise import slice_copy
 from .base import Layer, ShapeError, register
 
+
 @register
 class Concat(Layer):
     type = "Concat"

@@ -2,8 +2,9 @@
 
 Options: ``num_output``, ``kernel_size`` (an int or ``[h, w]``), ``stride`` (1), ``pad`` (0),
 ``dilation`` (1), ``bias`` (True), ``groups`` (1), ``weight_init`` ("he" or "xavier"),
-``max_workspace`` (bytes, 64 MiB) and ``engine`` ("auto" or "reference"). ``stride``, ``pad`` and ``dilation`` may be pairs too.
-Parameters in PyTorch's layout: ``weight [out, C / groups, kh, kw]``, ``bias [out]`` (zeros).
+``max_workspace`` (bytes, 64 MiB) and ``engine`` ("auto" or "reference"). ``stride``, ``pad`` and
+``dilation`` may be pairs too. Parameters in PyTorch's layout: ``weight [out, C / groups, kh, kw]``,
+``bias [out]`` (zeros).
 
 Forward, for each sample ``n`` and group ``g`` (``K = C / groups * kh * kw``, ``P = OH * OW``)::
 
@@ -158,7 +159,8 @@ class Convolution(Layer):
 
     # -- compute -------------------------------------------------------------------------------
     def _workspace(self, io, data):
-        """The flat workspace, checked: it must come in the data's dtype (``dtype_in(run_dtype)``)."""
+        """The flat workspace, checked: it must come in the data's dtype
+        (``dtype_in(run_dtype)``)."""
         work = io.work["col"]
         if work.dtype != data.dtype or work.size < self.elements:
             raise ValueError(f"layer {self.name} ({self.type}): workspace col is {work.size} "

@@ -1,6 +1,8 @@
-"""Eltwise: ``top = sum_i coeff_i * bottom_i`` over two or more bottoms of one shape (residual adds).
+"""Eltwise: ``top = sum_i coeff_i * bottom_i`` over two or more bottoms of one shape (residual
+adds).
 
-Backward: ``dbottom_i = coeff_i * dtop``. It reads no forward blob at all, so LMS keeps nothing for it.
+Backward: ``dbottom_i = coeff_i * dtop``. It reads no forward blob at all, so LMS keeps nothing
+for it.
 Only ``operation: sum`` exists: product and max are not used by the nets minilms builds.
 """
 from ..kernels.elementwise import eltwise_sum, scale

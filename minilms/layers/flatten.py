@@ -9,7 +9,8 @@ from .base import Layer, register
 
 
 def copy_flat(src, dst, stream=None) -> None:
-    """``dst[...] = src`` for two contiguous arrays of the same size, any shapes, on either device."""
+    """``dst[...] = src`` for two contiguous arrays of the same size, any shapes, on either
+    device."""
     src, dst = src.reshape(-1), dst.reshape(-1)
     if on_cpu(src):
         np.copyto(dst, src)

@@ -44,7 +44,8 @@ def check_gradients(device, layer: Layer, inputs: list[np.ndarray], *, wrt=None,
     weights = [rng.standard_normal(t.shape).astype(dtype) for t in tops]
 
     def objective() -> float:
-        return float(sum(np.sum(w.astype(np.float64) * t) for w, t in zip(weights, run.forward(inputs))))
+        tops = run.forward(inputs)
+        return float(sum(np.sum(w.astype(np.float64) * t) for w, t in zip(weights, tops)))
 
     base = objective()
     bottom_grads, param_grads = run.backward(weights, [i in wrt for i in range(len(inputs))])

@@ -39,7 +39,8 @@ class InnerProduct(Layer):
         self.expect_rank(0, shape, (2, 3, 4, 5))
         self.k = int(np.prod(shape[1:], dtype=np.int64))
         if self.k < 1:
-            raise ShapeError(self, f"bottom 0 ({self.bottom[0]})", "at least one feature per sample",
+            raise ShapeError(self, f"bottom 0 ({self.bottom[0]})",
+                             "at least one feature per sample",
                              shape)
         self.ones_rows = min(shape[0], ONES_ROWS)
         return [(shape[0], self.num_output)]

@@ -25,9 +25,15 @@ needs nothing but the geometry. The kernels are in ``minilms.kernels.pooling``.
 """
 import numpy as np
 
-from ..kernels.pooling import (avg_pool_backward, avg_pool_forward, global_avg_pool_backward,
-                               global_avg_pool_forward, max_pool_backward, max_pool_forward,
-                               pool_output_size)
+from ..kernels.pooling import (
+    avg_pool_backward,
+    avg_pool_forward,
+    global_avg_pool_backward,
+    global_avg_pool_forward,
+    max_pool_backward,
+    max_pool_forward,
+    pool_output_size,
+)
 from .base import BufferSpec, Layer, ShapeError, register
 
 _KINDS = {"max": "max", "ave": "ave", "avg": "ave"}

@@ -31,7 +31,8 @@ class LayerRun:
                       for b in layer.saved()}
         self.work = {b.name: blob(b.name, b.shape, "workspace", b.dtype_in(dtype))
                      for b in layer.workspace()}
-        self.top_grad = [blob(f"top{i}.grad", s, "activation_grad") for i, s in enumerate(top_shapes)]
+        self.top_grad = [blob(f"top{i}.grad", s, "activation_grad")
+                         for i, s in enumerate(top_shapes)]
         self.bottom_grad = [blob(f"bottom{i}.grad", s, "activation_grad")
                             for i, s in enumerate(bottom_shapes)]
         rng = np.random.default_rng(seed)

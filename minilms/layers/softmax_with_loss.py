@@ -15,7 +15,8 @@ scale ``g = top_grad[0]`` (1.0 when the top is the net's loss)::
 
 Forward saves ``prob`` ``[N, K]``, the per-sample ``loss`` ``[N]`` and a copy of the labels ``[N]``
 (int32, 4 bytes a sample), so backward reads no forward blob: LMS need keep neither the logits nor
-the label blob for it. The labels get no gradient (a ``bottom_grad[1]`` that is asked for is zeroed).
+the label blob for it. The labels get no gradient (a ``bottom_grad[1]`` that is asked for is
+zeroed).
 ``prob`` and ``loss`` are declared in the run's float dtype (``BufferSpec(dtype=None)``), the
 logits'. The kernels are in ``minilms.kernels.softmax``.
 """
@@ -24,8 +25,8 @@ import numbers
 import numpy as np
 from numba import cuda
 
-from ..kernels.common import grid_1d, launch, view
 from ..kernels import on_cpu
+from ..kernels.common import grid_1d, launch, view
 from ..kernels.elementwise import fill, scale
 from ..kernels.registry import cuda_kernel
 from ..kernels.softmax import softmax_xent_backward, softmax_xent_forward

@@ -5,8 +5,8 @@ data is valid; it shares no decision logic with ``minilms.plan``, so a planner b
 behind the same mistake in its checker. The property tests run it over random knobs, capacities
 and nets.
 """
-from .plan import Action, Plan
 from ..device.pool import Pool
+from .plan import Action, Plan
 
 
 def check_plan(plan: Plan) -> None:

@@ -24,10 +24,10 @@ import numpy as np
 
 from ..errors import PlanError
 from ..net import Net, Step
+from ..sizes import format_bytes
 from .liveness import Liveness
 from .plan import Plan, Policy
 from .planner import make_plan
-from ..sizes import format_bytes
 
 GB = 1e9
 PREFETCH_CHOICES = (1, 2, 3, 4, 6, 8)
@@ -47,8 +47,10 @@ class CostModel:
     def for_device(cls, kind: str, link=None) -> "CostModel":
         """Typical rates: the ``cpu`` device of a small machine, or a data-centre GPU; the copy
         rate is the link's where one is modelled (and never above memory's)."""
-        flops, memory, copy = (40e9, 8 * GB, 6 * GB) if kind == "cpu" else (15e12, 1500 * GB, 25 * GB)
-        if link is not None:   # a GPU copies at the link's rate; the cpu device no faster than memory
+        flops, memory, copy = (40e9, 8 * GB, 6 * GB) if kind == "cpu" else \
+            (15e12, 1500 * GB, 25 * GB)
+        # a GPU copies at the link's rate; the cpu device no faster than memory
+        if link is not None:
             copy = link.bytes_per_second if kind == "cuda" else min(copy, link.bytes_per_second)
         what = f"{kind}, link {link.name}" if link is not None else kind
         # Python dispatch per step (cpu), a few launches per step (cuda); measured orders.

@@ -15,11 +15,11 @@ import numpy as np
 
 from .. import events
 from ..blob import Blob
+from ..device.pool import align_up
 from ..errors import OutOfDeviceMemory
 from ..kernels.elementwise import accumulate
 from ..layers import StepIO
 from ..net import Net, Step
-from ..device.pool import align_up
 from ..sizes import format_bytes
 
 
@@ -46,7 +46,8 @@ class Executor:
                 blob.mutable_host_data()[...] = 0
 
     def outputs(self) -> list[str]:
-        return [l.top[0] for l in self.net.layers if l.is_loss or l.type == "Accuracy"]
+        return [layer.top[0] for layer in self.net.layers
+                if layer.is_loss or layer.type == "Accuracy"]
 
     # -- running a step, timed for the trace -----------------------------------------------------
     def run_step(self, index: int, step: Step, train: bool, solver) -> None:

@@ -32,10 +32,10 @@ class Liveness:
             self.uses[name], self.kinds[name] = [p[0] for p in pairs], [p[1] for p in pairs]
         self.blobs = {name: net.blobs[name] for name in self.uses}
         self.persistent = {n for n, info in self.blobs.items() if info.role in PERSISTENT_ROLES}
-        losses = [l for l in net.layers if l.is_loss]
-        self.outputs = [l.top[0] for l in net.layers if (l.is_loss or l.type == "Accuracy")
-                        and l.top[0] in self.uses]
-        seeds = [f"{l.top[0]}.grad" for l in losses if f"{l.top[0]}.grad" in self.uses]
+        losses = [ly for ly in net.layers if ly.is_loss]
+        self.outputs = [ly.top[0] for ly in net.layers if (ly.is_loss or ly.type == "Accuracy")
+                        and ly.top[0] in self.uses]
+        seeds = [f"{ly.top[0]}.grad" for ly in losses if f"{ly.top[0]}.grad" in self.uses]
         self.host_inputs = [n for n in net.inputs if n in self.uses] + seeds
 
     def kind_at(self, name: str, index: int) -> str:

@@ -4,9 +4,9 @@ is ``minilms.plan``; the executor that replays them is ``minilms.lms``.
 """
 from dataclasses import dataclass, field
 
+from ..device.pool import align_up
 from ..errors import ConfigError
 from ..net import Step
-from ..device.pool import align_up
 from ..sizes import format_bytes
 
 _COPIES = {"swap_in": "h2d", "swap_out": "d2h", "sync": "d2h"}   # "reduce": no device copy

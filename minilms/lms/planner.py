@@ -22,12 +22,13 @@ search; the device's pool checks each placement and would reject an overlap.
 A blob's *need* is its next read or update before any overwrite: a blob whose next use writes it
 whole is dead until then, and is freed. Blobs that outlive the iteration (parameters, optimizer
 state) are needed again in the next one; the net's outputs (loss, accuracy) are read by the host
-after the last step; its inputs (and the loss gradient seed) arrive fresh on the host each iteration.
+after the last step; its inputs (and the loss gradient seed) arrive fresh on the host each
+iteration.
 
-With ``reduce_grads`` (data-parallel training, ``minilms.training.distributed``) every parameter gradient
-goes home right after the backward step that wrote it (``swap_out``, or ``sync`` if it is pinned),
-followed by a ``reduce`` action: the executor averages the host copy across processes, so the
-device copy is stale from then on and the update step loads the reduced one (``swap_in``).
+With ``reduce_grads`` (data-parallel training, ``minilms.training.distributed``) every parameter
+gradient goes home right after the backward step that wrote it (``swap_out``, or ``sync`` if it is
+pinned), followed by a ``reduce`` action: the executor averages the host copy across processes, so
+the device copy is stale from then on and the update step loads the reduced one (``swap_in``).
 
 Pinned blobs (those under ``min_swap_bytes``; parameters and optimizer state with ``keep_state``;
 every blob with LMS off) stay in one place for the whole run.
@@ -42,12 +43,13 @@ step needs). ``policy: auto`` is computed in ``minilms.lms.cost``.
 """
 from dataclasses import replace
 
-from ..errors import OutOfDeviceMemory, PlanError
-from .liveness import INFINITY, Liveness
-from ..net import Net, Step
-from .plan import Action, Plan, Policy, StepPlan
 from ..device.pool import Pool, align_up
+from ..errors import OutOfDeviceMemory, PlanError
+from ..net import Net, Step
 from ..sizes import format_bytes
+from .liveness import INFINITY, Liveness
+from .plan import Action, Plan, Policy, StepPlan
+
 
 # -- planning -----------------------------------------------------------------------------------
 class _Planner:
@@ -329,7 +331,8 @@ class _Planner:
         fix = ("lower lms.min_swap_bytes, " if pinned else "") + \
             "raise device.memory, or lower the batch size (or max_workspace)"
         return (f"out of device memory at step {index} ({step.name}): its working set needs "
-                f"{format_bytes(working)} (placing {name}, {format_bytes(self.live.blobs[name].nbytes)})"
+                f"{format_bytes(working)} (placing {name}, "
+                f"{format_bytes(self.live.blobs[name].nbytes)})"
                 f"{f' beside {format_bytes(pinned)} pinned' if pinned else ''}, capacity "
                 f"{format_bytes(self.pool.capacity)}, largest free block "
                 f"{format_bytes(self.pool.stats().largest_free)}: {fix}")

@@ -15,7 +15,8 @@ Every access a step makes goes through ``Blob.resident_view``, which neither pla
 blob that the plan failed to bring in is an error, not a silent fix. Each release checks that the
 blob did what the plan predicted (a swap-out copies, a drop does not).
 
-Data-parallel training (``minilms.training.distributed``) gives the executor a ``reducer`` and plans with
+Data-parallel training (``minilms.training.distributed``) gives the executor a ``reducer`` and plans
+with
 ``reduce_grads`` on a schedule whose updates come after the last backward. A ``reduce`` action
 hands a gradient's host copy to the reducer behind an event on the copy stream (its copy home);
 between steps the reducer starts the averaging of those whose copies have landed, while earlier
@@ -29,9 +30,9 @@ from dataclasses import dataclass
 
 from .. import events
 from ..blob import Blob, State
+from ..net import Net
 from .cost import CostModel, plan_for
 from .executor import Executor
-from ..net import Net
 from .plan import Plan, Policy
 
 
@@ -85,7 +86,8 @@ class LmsExecutor(Executor):
                  cost_model: CostModel | None = None, reducer=None):
         super().__init__(device, solver, seed)
         if policy.reduce_grads and reducer is None and solver is not None:
-            raise ValueError("a policy with reduce_grads needs a reducer (minilms.training.distributed)")
+            raise ValueError("a policy with reduce_grads needs a reducer "
+                             "(minilms.training.distributed)")
         self.policy, self.reducer = policy, reducer
         self.cost_model = cost_model or CostModel.for_device(device.kind,
                                                              getattr(device, "link", None))
@@ -93,7 +95,7 @@ class LmsExecutor(Executor):
         self.shared: dict[str, Blob] = {}       # parameters and optimizer state, by name
         self.programs: dict = {}
         self.current: Program | None = None
-        self.stall_seconds = 0.0                 # cpu: time compute waited for copies, last iteration
+        self.stall_seconds = 0.0   # cpu: time compute waited for copies, last iteration
         program = self._program(net, train=solver is not None)
         self.net, self.blobs = program.net, program.blobs
         self.initialise(seed)        # on the host, before the prologue loads what is pinned

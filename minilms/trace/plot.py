@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..sizes import format_bytes
 from ..errors import TraceError
+from ..sizes import format_bytes
 from .fold import ROLE_ORDER, PoolReplay
 
 ROLE_COLORS = {"param": "#1f77b4", "param_grad": "#9ecae1", "activation": "#ff7f0e",

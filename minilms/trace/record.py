@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .. import events
 from ..errors import TraceError
-from .fold import ROLE_ORDER, PlanInfo, Fold
+from .fold import ROLE_ORDER, Fold, PlanInfo
 
 __all__ = ["ROLE_ORDER", "record", "Trace", "TraceError", "load_trace", "measure_overhead",
            "Overhead", "LayerRow"]

@@ -11,12 +11,12 @@ Determinism: the initial weights come from ``seed``; the data order and augmenta
 checkpointed; the learning rate and Adam's step from the iteration. So a run resumed from any
 checkpoint ends with the weights the uninterrupted run ends with.
 
-Data parallel (``mpiexec -n N``, a ``World`` from ``minilms.training.distributed``): every rank trains on
-its shard of each epoch with its own device, rank 0's initial weights and state are broadcast,
-gradients are averaged before each update, and the logged loss and accuracy are averages over the
-ranks. Validation: each rank evaluates its unpadded shard and the sums are reduced, so every
-sample counts once. Rank 0 alone writes metrics, checkpoints and the summary and shows progress;
-images/s counts the images of all ranks.
+Data parallel (``mpiexec -n N``, a ``World`` from ``minilms.training.distributed``): every rank
+trains on its shard of each epoch with its own device, rank 0's initial weights and state are
+broadcast, gradients are averaged before each update, and the logged loss and accuracy are averages
+over the ranks. Validation: each rank evaluates its unpadded shard and the sums are reduced, so
+every sample counts once. Rank 0 alone writes metrics, checkpoints and the summary and shows
+progress; images/s counts the images of all ranks.
 """
 import csv
 import json
@@ -27,18 +27,18 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .checkpoint import apply_weights, load_checkpoint, load_weights, restore_rngs, save_checkpoint
 from ..config.build import build_net, lms_policy
-from ..lms.cost import CostModel, measure_cpu
 from ..datasets import OPTIONS, BatchLoader, make_dataset, make_transform
 from ..device import AUTO_FRACTION, make_device, parse_link, resolve_kind
 from ..device.cpu import host_memory_info
-from .distributed import GradientReducer, World, device_of, memory_share, sharers
 from ..errors import ConfigError
+from ..lms.cost import CostModel, measure_cpu
 from ..lms.replay import LmsExecutor
 from ..schedules import make_schedule
 from ..sizes import format_bytes
 from ..solver import SGD, Adam
+from .checkpoint import apply_weights, load_checkpoint, load_weights, restore_rngs, save_checkpoint
+from .distributed import GradientReducer, World, device_of, memory_share, sharers
 
 METRICS = ("split", "epoch", "iteration", "loss", "accuracy", "lr", "images_per_s",
            "mib_moved", "stall_ms")
@@ -72,7 +72,8 @@ class Trainer:
                               f"{height}x{width})", (data.channels, data.image_size))
         wanted = config.model.options.num_classes or data.num_classes
         if wanted and wanted != self.train_set.num_classes:
-            raise ConfigError("model.options.num_classes", f"the data's {self.train_set.num_classes}"
+            raise ConfigError("model.options.num_classes",
+                              f"the data's {self.train_set.num_classes}"
                               " classes", wanted)
         shard = {"rank": world.rank, "world_size": world.size}
         self.loader = BatchLoader(self.train_set, data.batch_size, shuffle=True, seed=config.seed,

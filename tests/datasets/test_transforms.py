@@ -5,8 +5,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minilms.datasets import ArrayDataset, Augment, channel_stats, make_dataset, make_transform
-from minilms.datasets.transforms import (flip_horizontal, normalize, pad_and_crop, random_crop,
-                                         random_flip)
+from minilms.datasets.transforms import (
+    flip_horizontal,
+    normalize,
+    pad_and_crop,
+    random_crop,
+    random_flip,
+)
 from minilms.errors import ConfigError
 
 from .helpers import assert_one_line

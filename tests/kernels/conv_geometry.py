@@ -4,7 +4,6 @@ the kernels read their input in place, with taps in the padding masked off."""
 from typing import NamedTuple
 
 import numpy as np
-
 from hypothesis import strategies as st
 
 from minilms.kernels.im2col import conv_out_size

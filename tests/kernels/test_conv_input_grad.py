@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minilms.kernels.direct import input_grad as conv_input_grad
-from minilms.kernels.im2col import conv_out_size
 from minilms.kernels.direct.vector_ir import VL
+from minilms.kernels.im2col import conv_out_size
 
 from .conv_geometry import geometries
 

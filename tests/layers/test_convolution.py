@@ -3,9 +3,9 @@ banded (bounded-workspace) path against the whole-image path, PyTorch, workspace
 import numpy as np
 import pytest
 
-from minilms.layers.gradcheck import check_gradients
 from minilms.layers import ShapeError
 from minilms.layers.convolution import Convolution
+from minilms.layers.gradcheck import check_gradients
 from minilms.layers.run import LayerRun
 
 from ..devices import GRADCHECK_SAMPLES, KINDS, new_device

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import minilms.layers.inner_product as inner_product_module
-from minilms.layers.gradcheck import check_gradients
 from minilms.layers import ShapeError
+from minilms.layers.gradcheck import check_gradients
 from minilms.layers.inner_product import InnerProduct
 from minilms.layers.run import LayerRun
 

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from minilms.layers.gradcheck import check_gradients
 from minilms.layers import LAYERS, ShapeError
+from minilms.layers.gradcheck import check_gradients
 from minilms.layers.run import LayerRun
 
 from ..devices import GRADCHECK_SAMPLES, KINDS, new_device

@@ -33,8 +33,8 @@ Otherwise the input is first copied, a chunk of samples at a time, into a layout
   ``xw[c, j, r, ow] = x_padded[c, r, ow * sw + j * dw]`` with rows exactly ``OW`` long, so output
   ``p = oh * OW + ow`` reads ``xw[c, j].flat[p + i * dh * OW]``: one vector spans output rows.
 
-Reading ``x`` itself saves the copy and reads a smaller, unpadded input (measured: a small
-ResNet layer's forward went from 0.44-0.52 to 0.38-0.42 ms, its backward's kernels likewise).
+Reading ``x`` itself saves the copy and reads a smaller, unpadded input (measured faster on a
+small ResNet layer's forward and backward kernels: docs/benchmarks.md, "Why the code chose").
 
 Every output is a sum in the same order (channel, then tap), whatever the threads do: results are
 deterministic, and equal to im2col + GEMM up to float32 rounding.
@@ -43,8 +43,8 @@ from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
-from numba import prange, types
 from llvmlite import ir
+from numba import prange, types
 from numba.extending import intrinsic
 
 from ..registry import cpu_variant
@@ -420,10 +420,10 @@ def transposed_geometry(geometry):
 
 
 def input_grad_pays(weight_shape) -> bool:
-    """Measured (``scripts/bench_kernels.py``): the direct input gradient beats col2im for a small
-    ResNet's 3x3 layers (1.1-1.6x), and loses where ``dx`` has few channels (LeNet conv1's one:
-    a single accumulator chain, 8x slower) or the taps are many (5x5: the ``kw`` copies of ``dy``
-    cost more than they save, 2.3x slower; ``input_grad``, samples in lanes, takes those)."""
+    """Measured (``scripts/bench_kernels.py``; the figures in docs/benchmarks.md): the direct
+    input gradient beats col2im for a small ResNet's 3x3 layers, and loses where ``dx`` has few
+    channels (LeNet conv1's one: a single accumulator chain) or the taps are many (5x5: the ``kw``
+    copies of ``dy`` cost more than they save; ``input_grad``, samples in lanes, takes those)."""
     return weight_shape[1] >= 16 and weight_shape[2] * weight_shape[3] <= 9
 
 

@@ -18,7 +18,8 @@ and loops over the position's valid taps and then ``o``: one vector load of ``dy
 FMAs with broadcast weights. Each lane is one sample: a row of ``dx`` is stored as ``[W, C, VL]``
 in a buffer of the task's own and then transposed into place. Two layouts measured slower, both
 because every access of a loop fell a power of two apart, into one cache set: ``o`` outermost in
-``dyT`` (2.5x) and results scattered straight into ``dx``, lanes ``C * H * W`` apart (8x).
+``dyT``, and results scattered straight into ``dx``, lanes ``C * H * W`` apart (the figures of
+this and of every rule below are in docs/benchmarks.md, "Why the code chose").
 Every sum runs in the same order whatever the threads do: deterministic.
 """
 from functools import lru_cache
@@ -122,7 +123,7 @@ def _samples_last(dy, dyT):
     plane, outputs, lanes_total = dyT.shape
     # Sixteen positions a task, gathered in a buffer of the task's own and written out as whole
     # rows: written straight, sixteen rows of dyT ``outputs * lanes`` apart (a power of two,
-    # often) would share one cache set (measured: 2-5x slower).
+    # often) would share one cache set (measured slower).
     per = (plane + 15) // 16
     for task in prange(outputs * per):
         o, p0 = task // per, (task % per) * 16
@@ -154,11 +155,11 @@ def valid_taps(size: int, out_size: int, k: int, stride: int, pad: int, dilation
 
 def sample_lanes_pay(x_shape, weight_shape, geometry) -> bool:
     """Where samples in lanes beat the other input gradients (measured, ``bench_kernels.py`` and
-    ResNet-18/4's layers): strides above 1 and kernels above 3x3, with 16 or more input channels,
-    a batch that fills at least half of each vector and a ``dx`` of at least ``LANES_MIN_SIZE``
-    elements (at 32k, ResNet-18/4's 8x8 downsampling, the GEMM took 0.12 ms and this 0.18: two
-    launches and a transpose cost more than the work; at 184k, LeNet conv2, 0.9 against 1.8).
-    Not 1x1 kernels: their col is ``dy``-sized and col2im cheap (0.06 against 0.26 ms)."""
+    ResNet-18/4's layers; the figures in docs/benchmarks.md): strides above 1 and kernels above
+    3x3, with 16 or more input channels, a batch that fills at least half of each vector and a
+    ``dx`` of at least ``LANES_MIN_SIZE`` elements (below it, as in ResNet-18/4's 8x8
+    downsampling, two launches and a transpose cost more than the work). Not 1x1 kernels: their
+    col is ``dy``-sized and col2im cheap."""
     samples = x_shape[0]
     kernel_size, stride = geometry[0], geometry[1]
     taps = kernel_size[0] * kernel_size[1]

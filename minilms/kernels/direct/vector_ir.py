@@ -27,7 +27,8 @@ class _LoopID(ir.values.MDValue):
 
 def _no_unroll(module):
     """``llvm.loop`` metadata that keeps LLVM from unrolling a loop: unrolled by 2, the
-    microkernels' loops of 20-27 accumulators spilled them (measured: 2.3x the FMA time)."""
+    microkernels' loops of 20-27 accumulators spilled them, and the spills cost more than the
+    FMAs."""
     disable = module.add_metadata([ir.MetaDataString(module, "llvm.loop.unroll.disable")])
     loop = _LoopID(module, [disable], name=str(len(module.metadata)))
     loop.operands = (loop,) + loop.operands

@@ -1,8 +1,8 @@
 """The weight and bias gradients of a convolution on the ``cpu`` device, direct, float32.
 
 im2col + GEMM computes ``dweight = dy [out, P] @ col^T [P, K]`` with a short ``out`` and a col
-``kh * kw`` times the input: most of its time goes to writing and streaming col (measured: 2.1 ms
-of a 2.5 ms backward on a small ResNet layer). Here the input is read as the direct forward reads
+``kh * kw`` times the input: most of its time goes to writing and streaming col (measured on a
+small ResNet layer). Here the input is read as the direct forward reads
 it (``conv.layout``: every tap's inputs for ``VL`` consecutive outputs are consecutive, in
 ``x`` itself or a prepared copy; taps in the padding masked), and each weight's gradient is a dot
 product over the output positions::
@@ -22,8 +22,8 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .conv import kernel_inputs, prepare_input
 from ..registry import cpu_variant
+from .conv import kernel_inputs, prepare_input
 from .vector_ir import I64, Vectors
 
 __all__ = ["weight_grad_pays", "conv_weight_grad_direct", "bias_grad"]
@@ -156,9 +156,9 @@ _KERNELS: dict = {}
 
 
 def weight_grad_pays(weight_shape) -> bool:
-    """Measured (layer backward in ``scripts/bench_kernels.py``'s way): direct beats im2col + GEMM
-    for 3x3 kernels (1.4x-2.7x), one input channel (LeNet conv1, 0.86 against 1.12 ms) and LeNet
-    conv2 (20 channels, 5x5: 1.1 against 1.8 ms, now that its input gradient is no GEMM either:
+    """Measured (layer backward in ``scripts/bench_kernels.py``'s way; the figures in
+    docs/benchmarks.md): direct beats im2col + GEMM for 3x3 kernels, one input channel (LeNet
+    conv1) and LeNet conv2 (20 channels, 5x5, now that its input gradient is no GEMM either:
     after one, OpenBLAS's spinning threads had made the direct kernel lose). A 1x1
     convolution's col is its input, and its GEMM has nothing to save."""
     return weight_shape[2] * weight_shape[3] > 1
@@ -189,8 +189,8 @@ def conv_weight_grad_direct(x, dy, dweight, dbias, work, chunk, geometry) -> Non
     if dweight is None:
         return
     (kh, kw) = geometry[0]
-    # x at stride 2 is read from a prepared copy: picking its even lanes cost more here (3x3:
-    # 0.50-0.53 against 0.44 ms with the copy) than in the forward, whose inputs feed 16 FMAs
+    # x at stride 2 is read from a prepared copy: picking its even lanes cost more here (3x3,
+    # measured) than in the forward, whose inputs feed 16 FMAs
     lay, positions, offsets = kernel_inputs(x.shape, geometry, max_step=1)
     # tap (i, j) at i * row_step + columns[j]: the layout's offsets, factored
     row_step, columns = (offsets[kw] - offsets[0] if kh > 1 else 0), offsets[:kw].copy()
