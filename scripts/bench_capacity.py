@@ -73,7 +73,8 @@ def moved(plan) -> int:
 def print_planned(rows, title):
     print(title)
     print(f"{'':>3} {'batch':>5}  {'LMS off needs':>14}  {'fits 16 GiB':>11}  "
-          f"{'LMS least pool':>14}  {'Default moves':>14}  {'Auto moves':>12}  {'Auto/Default':>12}")
+          f"{'LMS least pool':>14}  {'Default moves':>14}  "
+          f"{'Auto moves':>12}  {'Auto/Default':>12}")
     for r in rows:
         fits = "yes" if r["off"] <= 16 * GiB else "no"
         extra = (f"{format_bytes(r['default_moved']):>14}  {format_bytes(r['auto_moved']):>12}  "
@@ -159,8 +160,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     args.width, args.size, args.depth = (16, 32, 50) if args.smoke else (1, 224, 152)
     rows = planned(args)
-    print_planned(rows, f"ResNet-{args.depth} at 1/{args.width} width, {args.size}x{args.size}, planned "
-                        "for a 16 GiB device (Caffe LMS scenarios A-F)")
+    print_planned(rows, f"ResNet-{args.depth} at 1/{args.width} width, {args.size}x{args.size}, "
+                        "planned for a 16 GiB device (Caffe LMS scenarios A-F)")
     off_fits = [r["scenario"] for r in rows if r["off"] <= 16 * GiB]
     lms_fits = [r["scenario"] for r in rows if r["least"] <= 16 * GiB]
     print(f"LMS off fits: {', '.join(off_fits) or 'none'}; LMS fits: {', '.join(lms_fits)}")

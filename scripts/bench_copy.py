@@ -1,4 +1,5 @@
-"""H2D and D2H copy throughput of the ``cpu`` device against plain ``numpy.copyto`` of the same bytes.
+"""H2D and D2H copy throughput of the ``cpu`` device against plain ``numpy.copyto`` of the same
+bytes.
 
     python scripts/bench_copy.py [--sizes 1MiB 16MiB 64MiB 256MiB] [--repeat 7]
 
@@ -6,8 +7,9 @@ Each copy is timed as the best of ``--repeat`` runs, interleaved with the baseli
 between exactly the same two buffers (the host copy and the arena view), in the same process.
 Ratio = copyto time / device time; the goal is at least 0.8. Async copies go through the copy
 stream and are timed to the event recorded after them; what they add over a synchronous copy is
-the hand-off to the copy thread, printed in microseconds. On a machine with a GPU, ``--device cuda`` measures pinned transfers instead (no
-baseline ratio: the link is the limit there).
+the hand-off to the copy thread, printed in microseconds. On a machine with a GPU,
+``--device cuda`` measures pinned transfers instead (no baseline ratio: the link is the limit
+there).
 """
 import argparse
 import sys

@@ -6,8 +6,9 @@
 Each case is timed as the best of ``--repeat`` runs after a warm-up (which also compiles), in
 ``--rounds`` rounds that alternate the two libraries, each keeping its best: a slow spell of the
 machine (other tenants, a clock change) that falls on one library's turn does not decide the
-ratio. Both libraries run on the same number of threads. Ratio = PyTorch time / minilms time: above 1 minilms
-is faster. Goals: at least 0.5 on every shape, 1.0 on the convolutions of LeNet and a small ResNet.
+ratio. Both libraries run on the same number of threads. Ratio = PyTorch time / minilms time:
+above 1 minilms is faster. Goals: at least 0.5 on every shape, 1.0 on the convolutions of LeNet
+and a small ResNet.
 minilms layers run on plain arrays here (what the ``cpu`` device hands them), so staging is not
 timed: that is the LMS benchmarks' business.
 """
@@ -64,7 +65,8 @@ def conv_cases(torch, F, rng):
         params = {p.name: p.initial(rng) for p in layer.params()}
         dy = rng.standard_normal(top_shape).astype(np.float32)
         io = StepIO(bottom=[x], top=[np.empty(top_shape, np.float32)], params=params,
-                    work={b.name: np.empty(b.shape, b.dtype_in(np.float32)) for b in layer.workspace()},
+                    work={b.name: np.empty(b.shape, b.dtype_in(np.float32))
+                          for b in layer.workspace()},
                     top_grad=[dy], bottom_grad=[np.empty_like(x)],
                     param_grad={k_: np.empty_like(v) for k_, v in params.items()})
         tx = torch.tensor(x, requires_grad=True)
@@ -73,7 +75,8 @@ def conv_cases(torch, F, rng):
         ty = F.conv2d(tx, tw, tb, stride=stride, padding=pad)
         tdy = torch.tensor(dy)
         yield (f"conv fwd {label}", True, lambda io=io, layer=layer: layer.forward(io),
-               lambda tx=tx, tw=tw, tb=tb, s=stride, p=pad: F.conv2d(tx, tw, tb, stride=s, padding=p))
+               lambda tx=tx, tw=tw, tb=tb, s=stride, p=pad:
+               F.conv2d(tx, tw, tb, stride=s, padding=p))
         yield (f"conv bwd {label}", True, lambda io=io, layer=layer: layer.backward(io),
                lambda ty=ty, tx=tx, tw=tw, tb=tb, tdy=tdy:
                torch.autograd.grad(ty, (tx, tw, tb), tdy, retain_graph=True))
@@ -105,7 +108,8 @@ def pool_cases(torch, F, rng):
         ty = F.max_pool2d(tx, k, s, p)
         tdy = torch.tensor(dy)
         yield (f"pool fwd {label}", False,
-               lambda x=x, y=y, am=argmax, k=k, s=s, p=p: pooling.max_pool_forward(x, y, am, k, s, p),
+               lambda x=x, y=y, am=argmax, k=k, s=s, p=p:
+               pooling.max_pool_forward(x, y, am, k, s, p),
                lambda tx=tx, k=k, s=s, p=p: F.max_pool2d(tx, k, s, p))
         yield (f"pool bwd {label}", False,
                lambda dy=dy, am=argmax, dx=dx, k=k, s=s, p=p:
@@ -127,7 +131,8 @@ def bn_cases(torch, F, rng):
         gamma, beta = np.ones(c, np.float32), np.zeros(c, np.float32)
         mean, invstd = np.empty(c, np.float32), np.empty(c, np.float32)
         rmean, rvar = np.zeros(c, np.float32), np.ones(c, np.float32)
-        y, dy, dx = np.empty_like(x), rng.standard_normal(shape).astype(np.float32), np.empty_like(x)
+        y, dy, dx = (np.empty_like(x), rng.standard_normal(shape).astype(np.float32),
+                     np.empty_like(x))
         dgamma, dbeta = np.empty(c, np.float32), np.empty(c, np.float32)
         tx = torch.tensor(x, requires_grad=True)
         tg, tb = torch.ones(c, requires_grad=True), torch.zeros(c, requires_grad=True)
@@ -137,7 +142,8 @@ def bn_cases(torch, F, rng):
         label = "x".join(map(str, shape))
         return [
             (f"bn fwd {label}", False,
-             lambda: batchnorm.batchnorm_forward_train(x, gamma, beta, y, mean, invstd, rmean, rvar),
+             lambda: batchnorm.batchnorm_forward_train(x, gamma, beta, y, mean, invstd,
+                                                       rmean, rvar),
              lambda: F.batch_norm(tx, trm, trv, tg, tb, training=True)),
             (f"bn bwd {label}", False,
              lambda: batchnorm.batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta),

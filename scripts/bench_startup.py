@@ -58,8 +58,9 @@ def jit_caching(root: Path = ROOT) -> dict:
                 continue
             options = match.group(1)
             if line.lstrip().startswith("@"):
-                name = next((re.match(r"\s*def (\w+)", l).group(1) for l in lines[i + 1:]
-                             if re.match(r"\s*def \w+", l)), "?")
+                name = next((re.match(r"\s*def (\w+)", following).group(1)
+                             for following in lines[i + 1:]
+                             if re.match(r"\s*def \w+", following)), "?")
             else:
                 assigned = re.match(r"\s*(?:self\.)?(\w+)\s*=\s*([\[{]?)", line)
                 name = assigned.group(1) if assigned else "?"

@@ -37,8 +37,8 @@ def format_table(results) -> str:
         row = result.as_dict()
         row["signature"] = row["signature_short"]
         if result.error:
-            rows.append([row["kernel"], row["signature"], row["arch"], str(row["threads_per_block"]),
-                         "FAILED", "", "", "", "", ""])
+            rows.append([row["kernel"], row["signature"], row["arch"],
+                         str(row["threads_per_block"]), "FAILED", "", "", "", "", ""])
             continue
         row["occupancy"] = f"{100 * result.occupancy:.1f}%"
         rows.append([str(row[key]) for _, key, _ in COLUMNS])

@@ -1,4 +1,5 @@
-"""Test-suite set-up: CUDA tests run on a real GPU when there is one, else under the Numba simulator.
+"""Test-suite set-up: CUDA tests run on a real GPU when there is one, else under the Numba
+simulator.
 
 The choice has to be made before numba.cuda is first imported, which is why it lives here, at the
 top of the root conftest, and never in library code.

@@ -1,4 +1,5 @@
-"""Both devices behind one interface: views, copies, streams and events, link model, set-up errors."""
+"""Both devices behind one interface: views, copies, streams and events, link model, set-up
+errors."""
 import time
 
 import numpy as np
@@ -108,8 +109,8 @@ def test_a_failed_copy_on_the_copy_stream_surfaces_on_synchronize():
 
 
 @pytest.mark.parametrize("value, name, gbps", [
-    ("pcie3", "pcie3", 16), ("NVLink2", "nvlink2", 75), ("pcie4", "pcie4", 32), (12.5, "12.5GB/s", 12.5),
-    ("40", "40GB/s", 40)])
+    ("pcie3", "pcie3", 16), ("NVLink2", "nvlink2", 75), ("pcie4", "pcie4", 32),
+    (12.5, "12.5GB/s", 12.5), ("40", "40GB/s", 40)])
 def test_links(value, name, gbps):
     link = parse_link(value)
     assert (link.name, link.gbps) == (name, gbps)
@@ -117,7 +118,8 @@ def test_links(value, name, gbps):
 
 
 def test_the_documents_link_ratio_is_kept():
-    assert parse_link("nvlink2").gbps / parse_link("pcie3").gbps == pytest.approx(150 / 32, rel=0.01)
+    assert (parse_link("nvlink2").gbps / parse_link("pcie3").gbps
+            == pytest.approx(150 / 32, rel=0.01))
 
 
 @pytest.mark.parametrize("bad", ["pcie9", -3, 0, "fast", True])
@@ -162,7 +164,8 @@ def test_bad_capacities_give_one_line(memory, expected):
 
 
 def test_bad_kind():
-    with pytest.raises(ConfigError, match=r"^device.kind: expected one of auto, cpu, cuda, found 'tpu'"):
+    with pytest.raises(ConfigError,
+                       match=r"^device.kind: expected one of auto, cpu, cuda, found 'tpu'"):
         make_device("tpu", "1MiB")
 
 

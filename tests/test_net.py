@@ -35,7 +35,8 @@ INCEPTION = [conv("stem", "data", "s", 4),
              conv("b3x3", "s", "b", 3),
              {"name": "bpool", "type": "Pooling", "bottom": "s", "top": "c", "pool": "max",
               "kernel_size": 3, "stride": 1, "pad": 1},
-             {"name": "cat", "type": "Concat", "bottom": ["a", "b", "c"], "top": "cat"}] + head("cat")
+             {"name": "cat", "type": "Concat", "bottom": ["a", "b", "c"], "top": "cat"}
+             ] + head("cat")
 
 
 def test_shapes_are_inferred():
@@ -101,21 +102,25 @@ def mutated(change):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda l: l[3].update(bottom="b_1"),
+    (lambda layers: layers[3].update(bottom="b_1"),
      "model.layers[3] (conv2).bottom: expected a blob made by a layer or an input, found 'b_1'; "
      "did you mean 'b1'?"),
-    (lambda l: l[0].update(type="Convolutoin"), "did you mean 'Convolution'?"),
-    (lambda l: l[0].update(kernal_size=3), "model.layers[0].kernal_size: expected an option of "
-     "Convolution"),
-    (lambda l: l.insert(0, l.pop(3)), "model.layers[0] (conv2).bottom: expected a blob from an "
+    (lambda layers: layers[0].update(type="Convolutoin"), "did you mean 'Convolution'?"),
+    (lambda layers: layers[0].update(kernal_size=3),
+     "model.layers[0].kernal_size: expected an option of Convolution"),
+    (lambda layers: layers.insert(0, layers.pop(3)),
+     "model.layers[0] (conv2).bottom: expected a blob from an "
      "earlier layer: list bn1 (at 2) before conv2, found 'b1'"),
-    (lambda l: l[0].update(bottom="sum"), "expected a blob from an earlier layer, not a cycle "
-     "(conv1 -> bn1 -> "),
-    (lambda l: l[3].update(top="c1"), "model.layers[3] (conv2).top: expected a blob no other "
-     "layer makes (also made by conv1)"),
-    (lambda l: l[1].update(name="conv1"), "model.layers[1].name: expected a layer name used once"),
-    (lambda l: l[0].update(top="data"), "expected a name that is not an input, found 'data'"),
-    (lambda l: l.__setitem__(0, {"type": "ReLU"}), "model.layers[0]: expected a layer with a name"),
+    (lambda layers: layers[0].update(bottom="sum"),
+     "expected a blob from an earlier layer, not a cycle (conv1 -> bn1 -> "),
+    (lambda layers: layers[3].update(top="c1"),
+     "model.layers[3] (conv2).top: expected a blob no other layer makes (also made by conv1)"),
+    (lambda layers: layers[1].update(name="conv1"),
+     "model.layers[1].name: expected a layer name used once"),
+    (lambda layers: layers[0].update(top="data"),
+     "expected a name that is not an input, found 'data'"),
+    (lambda layers: layers.__setitem__(0, {"type": "ReLU"}),
+     "model.layers[0]: expected a layer with a name"),
 ])
 def test_config_errors_are_one_line(change, message):
     with pytest.raises(ConfigError) as error:
@@ -131,8 +136,8 @@ def test_in_place_after_a_reader_that_needs_the_old_value_is_refused():
 
 
 @pytest.mark.parametrize("layer, message", [
-    (conv("conv2", "c1", "c1", 4), "layer conv2.top: expected a new blob name: Convolution reads its "
-     "bottom in backward, so it cannot work in place, found 'c1'"),
+    (conv("conv2", "c1", "c1", 4), "layer conv2.top: expected a new blob name: Convolution reads "
+     "its bottom in backward, so it cannot work in place, found 'c1'"),
     ({"name": "bn", "type": "BatchNorm", "bottom": "c1", "top": "c1"},
      "layer bn.top: expected a new blob name: BatchNorm reads its bottom"),
     ({"name": "shrink", "type": "Pooling", "bottom": "c1", "top": "c1", "pool": "max",

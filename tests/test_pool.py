@@ -1,4 +1,5 @@
-"""The pool allocator: alignment, best fit, coalescing, placement at an offset, statistics, errors."""
+"""The pool allocator: alignment, best fit, coalescing, placement at an offset, statistics,
+errors."""
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st

@@ -41,7 +41,8 @@ data: {dataset: shapes, image_size: 16, num_classes: 3, train_size: 480, val_siz
        batch_size: 32, augment: {flip: true}}
 device: {kind: cpu, memory: 2MiB}
 lms: {policy: manual, prefetch: 1}
-solver: {type: sgd, lr: 0.05, momentum: 0.9, schedule: {type: multistep, milestones: [20, 40], warmup_iters: 5}}
+solver: {type: sgd, lr: 0.05, momentum: 0.9,
+         schedule: {type: multistep, milestones: [20, 40], warmup_iters: 5}}
 train: {epochs: 3, log_every: 5}
 """
 
@@ -150,11 +151,13 @@ def bad_data_files(tmp_path):
     """(name, config overrides) for data files that are broken in each format's own way."""
     mnist = tmp_path / "mnist"
     mnist.mkdir()
-    (mnist / "train-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, 10, 28, 28) + b"\0" * 100)
+    (mnist / "train-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, 10, 28, 28)
+                                                    + b"\0" * 100)
     (mnist / "train-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, 10) + bytes(10))
     wrong_magic = tmp_path / "magic"
     wrong_magic.mkdir()
-    (wrong_magic / "train-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 1234, 1, 28, 28) + bytes(784))
+    (wrong_magic / "train-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 1234, 1, 28, 28)
+                                                          + bytes(784))
     (wrong_magic / "train-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, 1) + bytes(1))
     gz = tmp_path / "gz"
     gz.mkdir()

@@ -19,6 +19,7 @@ loaded and ``c`` is stored, so any M, N, K work (K = 0 included: ``c = beta * c`
 import numpy as np
 from numba import cuda, float32
 
+from .common import launch
 from .registry import cuda_kernel, on_cpu
 
 __all__ = ["gemm", "GEMM_KERNELS", "BM", "BN", "BK", "TM", "TN", "THREADS"]
@@ -181,8 +182,7 @@ def gemm(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, stream=None
     # Scalars are cast to the registered signature's types, so what runs is what the PTX report
     # compiled (a Python float would be typed float64 and compile a second, unreported variant).
     kernel = GEMM_KERNELS[bool(trans_a), bool(trans_b)]
-    kernel[grid, THREADS, 0 if stream is None else stream](a, b, c, np.float32(alpha),
-                                                           np.float32(beta))
+    launch(kernel, grid, THREADS, stream)(a, b, c, np.float32(alpha), np.float32(beta))
     return c
 
 

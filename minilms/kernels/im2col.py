@@ -28,7 +28,7 @@ CPU: Numba ``njit(parallel=True)``. CUDA: float32 and float64 kernels; arrays mu
 import numpy as np
 from numba import cuda, njit, prange
 
-from .common import grid_1d
+from .common import grid_1d, launch
 from .registry import cpu_variant, cuda_kernel, on_cpu, shared
 
 __all__ = ["im2col", "col2im", "conv_out_size", "col_shape", "out_shape"]
@@ -242,8 +242,7 @@ def im2col(img, col, kernel_size, stride=1, padding=0, dilation=1, stream=None, 
     if on_cpu(img):
         (_im2col_cpu if col.size >= PARALLEL_MIN else _im2col_cpu_serial)(img, col, *params)
     else:
-        blocks, threads = grid_1d(img.shape[0] * col.shape[1])
-        im2col_kernel[blocks, threads, 0 if stream is None else stream](img, col, *params)
+        launch(im2col_kernel, *grid_1d(img.shape[0] * col.shape[1]), stream)(img, col, *params)
     return col
 
 
@@ -264,8 +263,7 @@ def col2im(col, img, kernel_size, stride=1, padding=0, dilation=1, stream=None, 
         h1 = min(img.shape[1], (r1 - 1) * sh - ph + (kh - 1) * dh + 1)
         if h1 > h0:  # else the band reads only padding: nothing to add
             blocks, threads = grid_1d(img.shape[0] * (h1 - h0) * img.shape[2])
-            col2im_kernel[blocks, threads, 0 if stream is None else stream](col, img, *params,
-                                                                            h0, h1)
+            launch(col2im_kernel, blocks, threads, stream)(col, img, *params, h0, h1)
     return img
 
 

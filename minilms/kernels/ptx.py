@@ -174,17 +174,18 @@ KERNEL_PACKAGES = ("minilms.kernels", "minilms.layers")  # families, and layers'
 def discover_kernels() -> tuple[dict, dict]:
     """Import every module of ``KERNEL_PACKAGES``; return ``(KERNELS, {module: import error})``.
 
-    Modules are found with pkgutil, so a new kernel family, or a layer with a kernel of its own,
-    is covered without being listed here.
+    Modules are found with pkgutil (sub-packages included), so a new kernel family, or a layer with
+    a kernel of its own, is covered without being listed here.
     """
     from .registry import KERNELS
     failures = {}
     for package in KERNEL_PACKAGES:
-        for module in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        path = importlib.import_module(package).__path__
+        for module in pkgutil.walk_packages(path, prefix=f"{package}."):   # sub-packages too
             try:
-                importlib.import_module(f"{package}.{module.name}")
+                importlib.import_module(module.name)
             except Exception as error:  # reported, so one broken module does not hide the others
-                failures[f"{package}.{module.name}"] = f"{type(error).__name__}: {error}"
+                failures[module.name] = f"{type(error).__name__}: {error}"
     return KERNELS, failures
 
 

@@ -131,8 +131,9 @@ def test_cuda_matches_cpu():
     gamma, beta, rmean, rvar = params(2, np.float32, seed=5)
     c = x.shape[1]
     y, mean, invstd, new_rmean, new_rvar = train(x, gamma, beta, rmean, rvar)
-    out = on_cuda(bn.batchnorm_forward_train, x, gamma, beta, np.empty_like(x), np.empty(c, np.float32),
-                  np.empty(c, np.float32), rmean.copy(), rvar.copy(), 0.1, 1e-5)
+    out = on_cuda(bn.batchnorm_forward_train, x, gamma, beta, np.empty_like(x),
+                  np.empty(c, np.float32), np.empty(c, np.float32), rmean.copy(), rvar.copy(),
+                  0.1, 1e-5)
     for got, want in zip(out[3:8], (y, mean, invstd, new_rmean, new_rvar)):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 

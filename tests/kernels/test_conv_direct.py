@@ -92,7 +92,8 @@ def test_no_bias_and_lane_choice():
 
 
 def test_input_grad_pays_where_measured():
-    assert conv_direct.input_grad_pays((16, 16, 3, 3)) and conv_direct.input_grad_pays((8, 64, 3, 3))
+    assert (conv_direct.input_grad_pays((16, 16, 3, 3))
+            and conv_direct.input_grad_pays((8, 64, 3, 3)))
     assert not conv_direct.input_grad_pays((20, 1, 5, 5))      # LeNet conv1: one dx channel
     assert not conv_direct.input_grad_pays((50, 20, 5, 5))     # LeNet conv2: 25 taps
 

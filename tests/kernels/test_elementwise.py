@@ -1,4 +1,5 @@
-"""Elementwise kernels: CPU against numpy, CUDA (simulator or GPU) against CPU, ReLU against torch."""
+"""Elementwise kernels: CPU against numpy, CUDA (simulator or GPU) against CPU, ReLU against
+torch."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -142,7 +143,7 @@ def test_dropout_cpu(dtype):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("n", [1, 256, 257])            # one element, one full block, one thread more
+@pytest.mark.parametrize("n", [1, 256, 257])  # one element, one full block, one thread more
 def test_elementwise_cuda_matches_cpu(n):
     rng = np.random.default_rng(n)
     x = special(np.float32, n) if n >= 5 else rng.standard_normal(n).astype(np.float32)

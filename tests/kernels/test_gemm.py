@@ -71,7 +71,8 @@ def test_cpu_beta_zero_ignores_c_and_allocates_nothing():
     gemm(a, b, c, trans_a=True, alpha=3.0)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert peak < c.nbytes // 8, f"beta == 0 should write straight into c, but {peak} B were allocated"
+    assert peak < c.nbytes // 8, (f"beta == 0 should write straight into c, but {peak} B were "
+                                  "allocated")
     np.testing.assert_allclose(c, 3.0 * a.T @ b, rtol=1e-12, atol=1e-12)
 
 

@@ -1,4 +1,5 @@
-"""SGD and Adam: CPU against a float64 reference, CUDA against CPU, several steps against torch.optim."""
+"""SGD and Adam: CPU against a float64 reference, CUDA against CPU, several steps against
+torch.optim."""
 import math
 
 import numpy as np
@@ -123,7 +124,8 @@ def test_sgd_against_torch(momentum, wd, nesterov):
         opt.sgd_step(p, g, 0.05, buf, momentum, wd, nesterov)
     np.testing.assert_allclose(p, tp.detach().numpy(), rtol=1e-6, atol=1e-7)
     if momentum:
-        np.testing.assert_allclose(buf, topt.state[tp]["momentum_buffer"].numpy(), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(buf, topt.state[tp]["momentum_buffer"].numpy(),
+                                   rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("lr, betas, eps, wd", ADAM_CASES)

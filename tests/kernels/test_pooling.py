@@ -176,12 +176,15 @@ def test_pooling_cuda_matches_cpu(h, w, k, s, p, ceil):
     np.testing.assert_array_equal(gy, y)
     np.testing.assert_array_equal(garg, arg)
     pl.max_pool_backward(dy, arg, dx, k, s, p)
-    np.testing.assert_allclose(on_cuda(pl.max_pool_backward, dy, arg, dx, k, s, p)[2], dx, rtol=1e-6)
+    np.testing.assert_allclose(on_cuda(pl.max_pool_backward, dy, arg, dx, k, s, p)[2], dx,
+                               rtol=1e-6)
     pl.avg_pool_forward(x, y, k, s, p, count_include_pad=ceil)
-    np.testing.assert_allclose(on_cuda(pl.avg_pool_forward, x, y, k, s, p, count_include_pad=ceil)[1],
+    np.testing.assert_allclose(on_cuda(pl.avg_pool_forward, x, y, k, s, p,
+                                       count_include_pad=ceil)[1],
                                y, rtol=1e-6)
     pl.avg_pool_backward(dy, dx, k, s, p, count_include_pad=ceil)
-    np.testing.assert_allclose(on_cuda(pl.avg_pool_backward, dy, dx, k, s, p, count_include_pad=ceil)[1],
+    np.testing.assert_allclose(on_cuda(pl.avg_pool_backward, dy, dx, k, s, p,
+                                       count_include_pad=ceil)[1],
                                dx, rtol=1e-6)
 
 

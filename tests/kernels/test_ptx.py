@@ -36,7 +36,7 @@ def without_simulator() -> dict:
     return env
 
 
-# --- parser, occupancy, formatting ------------------------------------------------------------------
+# --- parser, occupancy, formatting ---------------------------------------------------------------
 
 def test_parse_ptxas_sample():
     functions = parse_ptxas(SAMPLE)
@@ -108,7 +108,7 @@ def test_ptxas_is_found():
     assert os.access(ptx.ptxas_path(), os.X_OK)
 
 
-# --- the real thing, in a process without the simulator ---------------------------------------------
+# --- the real thing, in a process without the simulator ------------------------------------------
 
 def test_every_kernel_compiles_for_both_arches_without_spills():
     jobs = str(max(1, min(4, os.cpu_count() or 1)))

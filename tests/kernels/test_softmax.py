@@ -117,7 +117,8 @@ def test_cuda_matches_cpu():
 
     dz = np.empty_like(z)                                # 390 elements: a block and a half
     sm.softmax_xent_backward(prob, labels, dz, loss_weight=2.0)
-    np.testing.assert_allclose(on_cuda(sm.softmax_xent_backward, prob, labels, dz, loss_weight=2.0)[2],
+    np.testing.assert_allclose(on_cuda(sm.softmax_xent_backward, prob, labels, dz,
+                                       loss_weight=2.0)[2],
                                dz, rtol=1e-6, atol=1e-12)
 
     count = np.zeros(1, np.int32)
@@ -140,7 +141,8 @@ def test_against_torch():
     dz = np.empty_like(z)
     sm.softmax_xent_backward(prob, labels, dz, loss_weight=1.5)
     np.testing.assert_allclose(mean[0], lt.item(), rtol=1e-6)
-    np.testing.assert_allclose(prob, torch.softmax(torch.tensor(z), 1).numpy(), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(prob, torch.softmax(torch.tensor(z), 1).numpy(),
+                               rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(dz, zt.grad.numpy(), rtol=1e-5, atol=1e-8)
     count = np.zeros(1, np.int32)
     for k in (1, 3):

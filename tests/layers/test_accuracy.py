@@ -1,5 +1,5 @@
-"""Accuracy layer: top-k hit rate against a naive count (ties in the label's favour) on both devices,
-float tops from an int32 count, PyTorch's topk, declarations and errors."""
+"""Accuracy layer: top-k hit rate against a naive count (ties in the label's favour) on both
+devices, float tops from an int32 count, PyTorch's topk, declarations and errors."""
 import numpy as np
 import pytest
 
@@ -79,11 +79,14 @@ def test_errors():
         with pytest.raises(ShapeError, match=prefix + message):
             make(**options)
     for shapes, options, message in [
-        ([(4, 3), (4,)], dict(top_k=4), "top_k: expected at most the 3 classes of bottom 0, found 4$"),
+        ([(4, 3), (4,)], dict(top_k=4),
+         "top_k: expected at most the 3 classes of bottom 0, found 4$"),
         ([(4, 3), (5,)], {}, r"bottom 1 \(label\): expected labels \[4\], found \(5,\)$"),
-        ([(4, 3, 2), (4,)], {}, r"bottom 0 \(logits\): expected a 2-d or 4-d shape, found \(4, 3, 2\)$"),
+        ([(4, 3, 2), (4,)], {},
+         r"bottom 0 \(logits\): expected a 2-d or 4-d shape, found \(4, 3, 2\)$"),
         ([(4, 3, 1, 2), (4,)], {}, r"bottom 0 \(logits\): expected \[N, K\] or \[N, K, 1, 1\]"),
-        ([(0, 3), (0,)], {}, r"bottom 0 \(logits\): expected at least one sample and one class, found \(0, 3\)$"),
+        ([(0, 3), (0,)], {}, r"bottom 0 \(logits\): expected at least one sample and one class, "
+                             r"found \(0, 3\)$"),
     ]:
         with pytest.raises(ShapeError, match=prefix + message):
             make(**options).setup(shapes)

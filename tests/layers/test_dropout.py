@@ -120,8 +120,10 @@ def test_declarations():
 
 def test_option_errors():
     prefix = r"^layer drop \(Dropout\): "
-    for options, message in [(dict(ratio=1.5), "ratio: expected a probability in \\[0, 1\\], found 1.5$"),
-                             (dict(p=-0.1), "ratio: expected a probability in \\[0, 1\\], found -0.1$"),
+    for options, message in [(dict(ratio=1.5), "ratio: expected a probability in \\[0, 1\\], "
+                                                "found 1.5$"),
+                             (dict(p=-0.1), "ratio: expected a probability in \\[0, 1\\], "
+                                            "found -0.1$"),
                              (dict(ratio="half"), "ratio: expected a probability .*found 'half'$"),
                              (dict(ratio=0.1, p=0.2), "ratio: expected ratio or p, not both, found "
                                                       "ratio=0.1, p=0.2$")]:

@@ -148,7 +148,8 @@ def test_params_and_workspace():
     layer = linear(10, weight_init="xavier")
     layer.setup([(8, 3, 4, 4)])
     weight, bias = layer.params()
-    assert (weight.shape, weight.init, weight.fan_in, weight.fan_out) == ((10, 48), "xavier", 48, 10)
+    assert ((weight.shape, weight.init, weight.fan_in, weight.fan_out)
+            == ((10, 48), "xavier", 48, 10))
     assert (bias.shape, bias.init) == ((10,), "zeros")
     sizes = {}
     for batch in (1, 3, 1024, 10**6):

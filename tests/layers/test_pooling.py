@@ -171,7 +171,8 @@ def test_declarations():
     assert layer.params() == [] and layer.workspace() == []
     ave = make(pool="AVE", kernel_size=2)
     assert ave.setup([(2, 3, 5, 5)]) == [(2, 3, 2, 2)] and ave.saved() == []
-    assert make(pool="avg", kernel_size=2).pool == "ave" and make(pool="MAX", kernel_size=2).pool == "max"
+    assert (make(pool="avg", kernel_size=2).pool == "ave"
+            and make(pool="MAX", kernel_size=2).pool == "max")
     glob = make(pool="ave", global_pooling=True)
     assert glob.setup([(2, 3, 7, 5)]) == [(2, 3, 1, 1)] and glob.saved() == []
     assert make(kernel_size=(3, 2)).stride == (3, 2)                  # stride defaults to kernel
@@ -216,15 +217,19 @@ def test_against_torch():
 def test_option_errors():
     prefix = r"^layer pool \(Pooling\): "
     cases = [
-        (dict(pool="stochastic", kernel_size=2), "pool: expected 'max' or 'ave' \\(or 'avg'\\), found 'stochastic'"),
+        (dict(pool="stochastic", kernel_size=2),
+         "pool: expected 'max' or 'ave' \\(or 'avg'\\), found 'stochastic'"),
         (dict(), "kernel_size: expected an int or an \\(h, w\\) pair, found None"),
-        (dict(kernel_size=0), "kernel_size: expected an int >= 1 or an \\(h, w\\) pair of them, found 0"),
+        (dict(kernel_size=0),
+         "kernel_size: expected an int >= 1 or an \\(h, w\\) pair of them, found 0"),
         (dict(kernel_size=(2, 2, 2)), "kernel_size: expected an int >= 1 .*found \\(2, 2, 2\\)"),
         (dict(kernel_size=2, stride=0), "stride: expected an int >= 1"),
         (dict(kernel_size=2, pad=-1), "pad: expected an int >= 0"),
         (dict(kernel_size=3, pad=2), "pad: expected at most kernel_size // 2 = 1 \\(h\\), found 2"),
-        (dict(kernel_size=(3, 2), pad=(1, 2)), "pad: expected at most kernel_size // 2 = 1 \\(w\\)"),
-        (dict(global_pooling=True, kernel_size=2), "kernel_size: expected none with global_pooling, found 2"),
+        (dict(kernel_size=(3, 2), pad=(1, 2)),
+         "pad: expected at most kernel_size // 2 = 1 \\(w\\)"),
+        (dict(global_pooling=True, kernel_size=2),
+         "kernel_size: expected none with global_pooling, found 2"),
         (dict(global_pooling=True, pad=1), "pad: expected none with global_pooling, found 1"),
         (dict(kernel_size=2, ceil_mode="yes"), "ceil_mode: expected true or false, found 'yes'$"),
     ]

@@ -145,7 +145,8 @@ def test_errors():
             make().setup(shapes)
     with pytest.raises(ShapeError, match=prefix + r"bottoms: expected 2 bottom blob\(s\), found 1"):
         LAYERS["SoftmaxWithLoss"]("loss", ["logits"], ["loss"])
-    with pytest.raises(ShapeError, match=prefix + "loss_weight: expected a finite number, found nan"):
+    with pytest.raises(ShapeError,
+                       match=prefix + "loss_weight: expected a finite number, found nan"):
         make(loss_weight=float("nan"))
     with new_device("cpu", MiB) as device:
         run = LayerRun(device, make(), [(2, 3), (2,)])             # labels fed as float32

@@ -85,7 +85,8 @@ def test_concat(kind):
 
 
 def test_concat_shape_error_names_the_bottom():
-    with pytest.raises(ShapeError, match=r"Concat\): bottom 1 \(b\): expected \[2, C, 3, 3\], found \(2, 1, 4, 3\)"):
+    with pytest.raises(ShapeError, match=r"Concat\): bottom 1 \(b\): expected \[2, C, 3, 3\], "
+                                         r"found \(2, 1, 4, 3\)"):
         make("Concat", ("a", "b")).setup([(2, 1, 3, 3), (2, 1, 4, 3)])
 
 
