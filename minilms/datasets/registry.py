@@ -13,9 +13,14 @@ options it uses and ignores the rest, so one ``data:`` section switches between 
 """
 from __future__ import annotations
 
+import importlib
+
 from ..errors import ConfigError
-from . import cifar10, imagefolder, mnist, npz, shapes
 from .base import Dataset, DatasetFormat
+
+# The format modules, in the order configs and errors list their formats: adding a format is
+# adding its module here (every DatasetFormat the module declares is registered).
+FORMAT_MODULES = ("shapes", "mnist", "cifar10", "imagefolder", "npz")
 
 # Every data.* key a format may use. The loader's keys (batch_size, augment, prefetch) and
 # ``dataset`` itself are not dataset options.
@@ -34,13 +39,10 @@ def register(format_: DatasetFormat) -> DatasetFormat:
     return format_
 
 
-# In the order configs and errors list them.
-register(shapes.FORMAT)
-register(mnist.MNIST)
-register(mnist.FASHION_MNIST)
-register(cifar10.FORMAT)
-register(imagefolder.FORMAT)
-register(npz.FORMAT)
+for _name in FORMAT_MODULES:
+    for _value in vars(importlib.import_module(f".{_name}", __package__)).values():
+        if isinstance(_value, DatasetFormat):      # in the order the module declares them
+            register(_value)
 
 
 def make_dataset(name: str, split: str, **options) -> Dataset:
