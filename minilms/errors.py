@@ -61,6 +61,10 @@ class DistributedError(MinilmsError):
     """MPI was asked for but cannot be used (not installed, no thread support)."""
 
 
+class DivergedError(MinilmsError):
+    """Training produced a loss that is NaN or infinite: names the iteration and what to change."""
+
+
 class TraceError(MinilmsError):
     """A trace file that cannot be read: names the file and what is wrong, in one line."""
 

@@ -15,8 +15,10 @@ def run(main, argv=None) -> int:
         return main(argv) or 0
     except MinilmsError as error:
         config = getattr(error, "config", None)
-        line = config_error_line(error, config) if config is not None and \
-            isinstance(error, ConfigError) else " ".join(str(error).split())
+        # a ConfigError about a flag (--link, --lms) is the flag's, not the config file's
+        in_file = isinstance(error, ConfigError) and not str(error.key).startswith("-")
+        line = config_error_line(error, config) if config is not None and in_file else \
+            " ".join(str(error).split())
         print(f"error: {line}", file=sys.stderr)
         abort_if_distributed(error.exit_code)     # the other ranks must not wait for this one
         return error.exit_code

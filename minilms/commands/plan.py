@@ -92,7 +92,7 @@ def report(config, link=None, summary: bool = False) -> str:
     steps = net.schedule(("momentum",) if config.solver.type == "sgd" and config.solver.momentum
                          else ("exp_avg", "exp_avg_sq") if config.solver.type == "adam" else ())
     capacity = planned_capacity(config)
-    link = parse_link(link) if link is not None else parse_link(config.device.link)
+    link = parse_link(link, "--link") if link is not None else parse_link(config.device.link)
     model = cost_model(config, link)
     policy = lms_policy(config)
     everything = resident_bytes(net, steps)

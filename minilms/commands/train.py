@@ -19,11 +19,13 @@ directory and writes what one process would; with ``trace: true`` every rank rec
 rank 0 into ``trace.json``, rank R into ``trace.rankR.json``.
 """
 import argparse
+import math
 import time
 from pathlib import Path
 
 from ..config.build import load
 from ..errors import ConfigError
+from ..training.checkpoint import LATEST
 from .common import run
 from .plan import report
 
@@ -48,6 +50,9 @@ def parser() -> argparse.ArgumentParser:
 def caffe_flags(args) -> list[str]:
     """The overrides ``--lms`` and ``--lms-frac`` stand for."""
     extra = []
+    for flag, value in (("--lms", args.lms), ("--lms-frac", args.lms_frac)):
+        if value is not None and not math.isfinite(value):
+            raise ConfigError(flag, "a finite number", value)
     if args.lms is not None:
         if args.lms <= 0:
             extra.append("lms.enabled=false")
@@ -72,6 +77,41 @@ def run_directory(config, resume: str | None) -> Path:
     return Path("runs") / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def check_run_directory(run_dir: Path, resume: bool) -> None:
+    """A fresh run needs a new or empty directory; one that holds a run says which kind, and what
+    to do with it. ``--resume`` needs a run directory (one a run wrote its config into)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError("--resume" if resume else "run_dir", "a directory", str(run_dir),
+                          hint=" (a file)")
+    if resume:
+        if not (run_dir / LATEST).exists() and not (run_dir / "config.yaml").exists():
+            raise ConfigError("--resume", "a run directory (one holding config.yaml and its "
+                              "checkpoints)", str(run_dir))
+        return
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return
+    if (run_dir / LATEST).exists():
+        what = f" (a run with checkpoints: --resume {run_dir} continues it)"
+    elif (run_dir / "config.yaml").exists():
+        what = (f" (a run that stopped before its first checkpoint: --resume {run_dir} starts "
+                "it over, or delete it)")
+    else:
+        what = f" (a directory holding {sum(1 for _ in run_dir.iterdir())} entries)"
+    raise ConfigError("run_dir", "a new or empty directory", str(run_dir), hint=what)
+
+
+# What a run writes into its directory before its first checkpoint, removed again if it fails
+# then (a failed start leaves nothing) or if --resume starts it over.
+RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.csv", "summary.json", "memory.png")
+
+
+def clear_run(run_dir: Path, remove_dir: bool) -> None:
+    for path in [run_dir / name for name in RUN_FILES] + list(run_dir.glob("trace*.json")):
+        path.unlink(missing_ok=True)
+    if remove_dir and run_dir.is_dir() and not any(run_dir.iterdir()):
+        run_dir.rmdir()
+
+
 def main(argv=None) -> int:
     args = parser().parse_intermixed_args(argv)
     config = load(args.config, list(args.overrides) + caffe_flags(args))
@@ -93,15 +133,19 @@ def train(config, args) -> int:
     from ..training.trainer import Trainer, record_trace
     world = World.detect(config.distributed.timeout)
     run_dir = Path(world.share(str(run_directory(config, args.resume)), "the run directory"))
-    if not args.resume and run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError("run_dir", "a new or empty directory (use --resume to continue it)",
-                          str(run_dir))
+    check_run_directory(run_dir, bool(args.resume))
     world.barrier("checking the run directory")       # every rank looked before rank 0 writes
     trainer = Trainer(config, quiet=args.quiet, world=world)       # every check happens here
     say = not args.quiet and world.rank == 0
+    made = not run_dir.exists()
     try:
-        if args.resume:
+        if args.resume and (run_dir / LATEST).exists():
             trainer.resume(run_dir)
+        elif args.resume:
+            if world.rank == 0:
+                clear_run(run_dir, remove_dir=False)
+            if say:
+                print(f"{run_dir} stopped before its first checkpoint: starting it over")
         run_dir.mkdir(parents=True, exist_ok=True)
         if world.rank == 0:
             (run_dir / "config.yaml").write_text(config.to_yaml())
@@ -118,6 +162,12 @@ def train(config, args) -> int:
                 print(f"memory trace: {trace}, picture: {run_dir / 'memory.png'}"
                       + (f" (rank 1..{world.size - 1}: trace.rankR.json)" if world.distributed
                          else ""))
+    except BaseException:
+        # A start that fails before the first checkpoint leaves nothing behind; with a
+        # checkpoint, the directory is a run that --resume continues.
+        if world.rank == 0 and run_dir.is_dir() and not (run_dir / LATEST).exists():
+            clear_run(run_dir, remove_dir=made)
+        raise
     finally:
         trainer.close()
     return 0

@@ -304,12 +304,17 @@ SCHEMA = Section(
     train=Section(
         """How long, and how often to look. The run stops at ``epochs`` or ``max_iters``,
         whichever comes first (null: no bound; not both). ``eval_every`` and ``checkpoint_every``
-        count epochs (0: never); ``log_every`` counts iterations.""",
+        count epochs (0: never); ``log_every`` counts iterations. ``keep_checkpoints``: the newest
+        checkpoints kept (older ones are deleted), besides the best by validation accuracy.
+        ``on_nonfinite_loss``: ``stop`` ends the run with one line naming the iteration where the
+        loss became NaN or infinite; ``continue`` trains on.""",
         epochs=Field(nullable(integer(1)), 1),
         max_iters=Field(nullable(integer(1)), None),
         eval_every=Field(integer(0), 1),
         checkpoint_every=Field(integer(0), 1),
         log_every=Field(integer(1), 10),
+        keep_checkpoints=Field(integer(1), 3),
+        on_nonfinite_loss=Field(choice("stop", "continue"), "stop"),
     ),
 )
 

@@ -44,7 +44,8 @@ def parse_link(value, key: str = "device.link") -> Link | None:
         gbps = float(value)
     except (TypeError, ValueError):
         gbps = -1.0
-    if isinstance(value, bool) or not gbps > 0:
+    if isinstance(value, bool) or not 0 < gbps < float("inf"):
         names = ", ".join(LINKS_GBPS)
-        raise ConfigError(key, f"one of {names}, none, or a bandwidth in GB/s > 0", value)
+        raise ConfigError(key, f"one of {names}, none, or a finite bandwidth in GB/s > 0",
+                          value)
     return Link(f"{gbps:g}GB/s", gbps)

@@ -31,13 +31,20 @@ from ..config.build import build_net, lms_policy
 from ..datasets import OPTIONS, BatchLoader, make_dataset, make_transform
 from ..device import AUTO_FRACTION, make_device, parse_link, resolve_kind
 from ..device.cpu import host_memory_info
-from ..errors import ConfigError
+from ..errors import ConfigError, DatasetError, DivergedError
 from ..lms.cost import CostModel, measure_cpu
 from ..lms.replay import LmsExecutor
 from ..schedules import make_schedule
 from ..sizes import format_bytes
 from ..solver import SGD, Adam
-from .checkpoint import apply_weights, load_checkpoint, load_weights, restore_rngs, save_checkpoint
+from .checkpoint import (
+    apply_weights,
+    load_checkpoint,
+    load_weights,
+    prune_checkpoints,
+    restore_rngs,
+    save_checkpoint,
+)
 from .distributed import GradientReducer, World, device_of, memory_share, sharers
 
 METRICS = ("split", "epoch", "iteration", "loss", "accuracy", "lr", "images_per_s",
@@ -84,6 +91,11 @@ class Trainer:
             transform=make_transform(data.augment, self.train_set, False), prefetch=data.prefetch,
             pad=False, **shard)
         self.net = build_net(config)
+        self.loss_name, self.accuracy_name, self.classes = self.outputs_of(self.net)
+        if self.train_set.num_classes > self.classes:
+            raise ConfigError(self.classifier_key(), f"a classifier with at least "
+                              f"{self.train_set.num_classes} outputs (the data's classes)",
+                              self.classes)
         link = parse_link(config.device.link)
         self.device = self.make_device()
         model = measure_cpu(link) if self.device.kind == "cpu" else \
@@ -107,8 +119,40 @@ class Trainer:
                                       int(self.total_iters))
         self.plan = self.executor.plan          # the training plan, for people (full batches)
         self.epoch, self.start_batch = 0, 0
+        self.best = None                # (validation accuracy, checkpoint tag)
         if config.init_weights:
             self.load_weights(config.init_weights)
+
+    def outputs_of(self, net):
+        """``(loss blob, accuracy blob or None, classifier outputs)``: what the loop reads after
+        each iteration, by the names the model gave them."""
+        losses = [layer for layer in net.layers if layer.is_loss]
+        if not losses:
+            raise ConfigError("model.layers", "a layer that computes a loss (SoftmaxWithLoss)",
+                              "none")
+        accuracy = [layer.top[0] for layer in net.layers if layer.type == "Accuracy"]
+        return losses[0].top[0], (accuracy[0] if accuracy else None), \
+            int(losses[0].bottom_shapes[0][1])
+
+    def classifier_key(self) -> str:
+        """The config key that sets the classifier's outputs (the loss layer's first bottom)."""
+        layers = self.config.model.layers
+        if layers is None:
+            return "model.options.num_classes"
+        logits = next(layer for layer in self.net.layers if layer.is_loss).bottom[0]
+        for i, spec in enumerate(layers):
+            if logits in ([spec.get("top")] if isinstance(spec.get("top"), str)
+                          else list(spec.get("top") or [])):
+                return f"model.layers[{i}].num_output"
+        return "model.layers"
+
+    def check_labels(self, labels, batch: int) -> None:
+        """Labels the classifier has no output for would train to NaN: a clear error instead."""
+        if len(labels) and (labels.min() < 0 or labels.max() >= self.classes):
+            bad = int(labels.max() if labels.max() >= self.classes else labels.min())
+            raise DatasetError(f"data.dataset ({self.train_set.name}, train split)",
+                               f"labels in [0, {self.classes}) (the classifier's outputs)",
+                               f"label {bad} in batch {batch}")
 
     def make_device(self):
         """This rank's device: on ``cuda`` the GPU of its local rank. ``device.memory: auto`` in a
@@ -118,6 +162,9 @@ class Trainer:
         kind, memory, device_id, gpus = resolve_kind(device.kind), device.memory, 0, 1
         if kind == "cuda":
             from numba import cuda
+            if not cuda.is_available():     # before cuda.gpus, which raises a traceback
+                raise ConfigError("device.kind", "a CUDA GPU (none is present; use cpu or auto)",
+                                  "cuda")
             gpus = len(cuda.gpus)
             device_id = device_of(world.local_rank, gpus)
         if world.distributed and memory == "auto":
@@ -147,6 +194,8 @@ class Trainer:
         apply_weights(state, checkpoint.state, source=str(checkpoint.path))
         meta = checkpoint.meta
         restore_rngs({"dropout": self.executor.rng}, meta["rng"])
+        best = meta.get("best")
+        self.best = (best["val_accuracy"], best["tag"]) if isinstance(best, dict) else None
         self.executor.iteration = meta["iteration"]
         self.epoch, self.start_batch = meta["epoch"], meta["batch"]
         self.world.agree(f"{meta['iteration']} {meta['epoch']} {meta['batch']}",
@@ -160,17 +209,27 @@ class Trainer:
         self.world.broadcast({n: b.mutable_host_data() for n, b in self.executor.shared.items()},
                              "initial weights and state")
 
-    def checkpoint(self, run_dir: Path, batch: int) -> None:
+    def checkpoint(self, run_dir: Path, batch: int, val_accuracy: float | None = None) -> None:
+        """Save, then keep the newest ``train.keep_checkpoints`` and the best by validation
+        accuracy (``val_accuracy``: this checkpoint's, where it was just evaluated)."""
         if self.world.rank != 0:
             return
         self.executor.sync_state()
         shared = self.executor.shared
+        tag = f"iter-{self.executor.iteration:07d}"
+        if val_accuracy is not None and math.isfinite(val_accuracy) and (
+                self.best is None or val_accuracy > self.best[0]):
+            self.best = (val_accuracy, tag)
         meta = {"iteration": self.executor.iteration, "epoch": self.epoch, "batch": batch,
                 "rng": {"dropout": self.executor.rng}, "config": self.config.to_yaml()}
-        save_checkpoint(run_dir, f"iter-{self.executor.iteration:07d}",
+        if self.best is not None:
+            meta["best"] = {"tag": self.best[1], "val_accuracy": self.best[0]}
+        save_checkpoint(run_dir, tag,
                         {n: b.host_data() for n, b in shared.items() if b.role == "param"},
                         {n: b.host_data() for n, b in shared.items()
                          if b.role == "optimizer_state"}, meta)
+        prune_checkpoints(run_dir, self.config.train.keep_checkpoints,
+                          self.best[1] if self.best else None)
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self, run_dir: Path) -> dict:
@@ -197,13 +256,19 @@ class Trainer:
                 iteration = self.executor.iteration
                 self.solver.lr = self.schedule(iteration)
                 tick = time.perf_counter()
+                self.check_labels(labels, batch_number)
                 out = self.executor.iterate({"data": images, "label": labels})
                 seconds = time.perf_counter() - tick
-                values = [out["loss"], out.get("accuracy", math.nan)]
+                values = [out[self.loss_name], out.get(self.accuracy_name, math.nan)]
                 if world.distributed:       # the mean over ranks (each rank's batch is as big)
                     values = world.sum(values, "averaging the loss") / world.size
                     self.reduce_wait += self.reducer.wait_seconds
                 last = {"loss": float(values[0]), "accuracy": float(values[1])}
+                if not math.isfinite(last["loss"]) and train.on_nonfinite_loss == "stop":
+                    raise DivergedError(
+                        f"iteration {iteration + 1}: the loss is {last['loss']} (lr "
+                        f"{self.solver.lr:g}): training stopped; lower solver.lr, or set "
+                        "train.on_nonfinite_loss=continue to train on")
                 images_per_s = len(labels) * world.size / seconds
                 bar.update(1)
                 bar.set_postfix(loss=f"{last['loss']:.3f}", acc=f"{last['accuracy']:.3f}",
@@ -222,12 +287,15 @@ class Trainer:
             else:
                 self.start_batch = batch_number
             done = self.epoch >= self.epochs or self.executor.iteration >= self.total_iters
+            evaluated = None
             if self.val_loader is not None and (done or (train.eval_every and finished_epoch and
                                                          self.epoch % train.eval_every == 0)):
-                last.update(self.evaluate(log))
+                evaluated = self.evaluate(log, finished_epoch)
+                last.update(evaluated)
             if done or (train.checkpoint_every and finished_epoch and
                         self.epoch % train.checkpoint_every == 0):
-                self.checkpoint(run_dir, self.start_batch)
+                self.checkpoint(run_dir, self.start_batch,
+                                evaluated["val_accuracy"] if evaluated else None)
         seconds = time.perf_counter() - started
         self.executor.sync_state()
         summary = {"iterations": self.executor.iteration, "epochs": self.epoch,
@@ -236,22 +304,27 @@ class Trainer:
             summary["ranks"] = world.size
         self.say(self.finish(summary))
         if world.rank == 0:
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            (run_dir / "summary.json").write_text(
+                json.dumps(finite_or_null(summary), indent=2, allow_nan=False) + "\n")
         return summary
 
-    def evaluate(self, log) -> dict:
+    def evaluate(self, log, finished_epoch: bool = True) -> dict:
         total = {"loss": 0.0, "accuracy": 0.0}
+        names = {"loss": self.loss_name, "accuracy": self.accuracy_name}
         count = 0
         for images, labels in self.val_loader:
             out = self.executor.iterate({"data": images, "label": labels}, train=False)
             for key in total:
-                total[key] += out.get(key, math.nan) * len(labels)
+                total[key] += out.get(names[key], math.nan) * len(labels)
             count += len(labels)
         *sums, count = self.world.sum([*total.values(), count], "summing the validation")
         result = {f"val_{k}": v / count for k, v in zip(total, sums)}
         log.write(split="val", epoch=self.epoch, iteration=self.executor.iteration,
                   loss=result["val_loss"], accuracy=result["val_accuracy"], lr=self.solver.lr)
-        self.say(f"epoch {self.epoch}: validation loss {result['val_loss']:.4f}, accuracy "
+        # mid-epoch (max_iters stopped it), name the iteration: "epoch 1" is the one before
+        where = f"epoch {self.epoch}" if finished_epoch else \
+            f"iteration {self.executor.iteration} (in epoch {self.epoch + 1})"
+        self.say(f"{where}: validation loss {result['val_loss']:.4f}, accuracy "
                  f"{result['val_accuracy']:.4f}")
         return result
 
@@ -317,11 +390,19 @@ class Metrics:
                 csv.DictWriter(f, METRICS).writeheader()
 
     def write(self, **row) -> None:
-        row = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}
+        row = finite_or_null({k: (round(v, 6) if isinstance(v, float) else v)
+                              for k, v in row.items()})
         with self.jsonl.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(row, allow_nan=False) + "\n")
         with self.csv.open("a", newline="") as f:
             csv.DictWriter(f, METRICS).writerow(row)
+
+
+def finite_or_null(row: dict) -> dict:
+    """NaN and infinities as null (``None``): strict JSON has no NaN (the accuracy of a model
+    without an Accuracy layer, a diverged loss), and readers such as ``jq`` reject it."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in row.items()}
 
 
 class NoMetrics:
