@@ -23,6 +23,7 @@ from minilms.training.checkpoint import (
     apply_weights,
     load_checkpoint,
     load_weights,
+    prune_checkpoints,
     restore_rngs,
     save_checkpoint,
 )
@@ -39,9 +40,14 @@ def small_checkpoint():
                "empty.weight": np.zeros((0, 3), np.float32)}
     state = {"conv1.weight.momentum": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
              "conv1.bias.momentum": np.full(4, -0.0, np.float32)}
-    meta = {"iteration": 120, "epoch": 3, "solver": {"step": 121, "lr": 0.1 / 3},
-            "config": "name: café\nsolver:\n  lr: 1e-3\n", "rng": {"data": {"x": [1, 2]}}}
+    meta = {"iteration": 120, "epoch": 3, "batch": 40, "solver": {"step": 121, "lr": 0.1 / 3},
+            "config": "name: café\nsolver:\n  lr: 1e-3\n",
+            "rng": {"data": np.random.default_rng(5).bit_generator.state}}
     return weights, state, meta
+
+
+# The least trainer state a checkpoint holds: what Trainer.resume reads.
+BARE = {"iteration": 0, "epoch": 0, "batch": 0, "rng": {}}
 
 
 def assert_arrays_identical(found: dict, expected: dict):
@@ -99,7 +105,7 @@ def test_latest_names_the_newest_and_a_tag_saved_again_is_replaced(tmp_path):
 def test_generators_are_saved_as_their_states_and_restored(tmp_path):
     pcg, mersenne = np.random.default_rng(3), np.random.Generator(np.random.MT19937(4))
     pcg.random(5), mersenne.random(5)
-    meta = {"iteration": 1, "epoch": 0, "rng": {"data": pcg, "dropout": mersenne}}
+    meta = {"iteration": 1, "epoch": 0, "batch": 1, "rng": {"data": pcg, "dropout": mersenne}}
     save_checkpoint(tmp_path, "last", {}, {}, meta)
     expected = pcg.random(3), mersenne.random(3)
     fresh = {"data": np.random.default_rng(99), "dropout": np.random.Generator(np.random.MT19937())}
@@ -121,13 +127,16 @@ def test_restoring_a_generator_that_was_not_saved_changes_none(tmp_path):
 
 
 @pytest.mark.parametrize("tag, weights, meta, found", [
-    ("../escape", {}, {"iteration": 0, "epoch": 0}, "'../escape'"),
-    ("latest", {}, {"iteration": 0, "epoch": 0}, "'latest'"),
-    ("last.tmp-12", {}, {"iteration": 0, "epoch": 0}, "'last.tmp-12'"),
-    ("last", {"a.b": np.array([object()])}, {"iteration": 0, "epoch": 0}, "dtype object"),
-    ("last", {"file": np.zeros(1)}, {"iteration": 0, "epoch": 0}, "'file'"),
-    ("last", {}, {"iteration": 0}, "no epoch"),
-    ("last", {}, {"iteration": 0, "epoch": 0, "when": object()}, "is not JSON"),
+    ("../escape", {}, BARE, "'../escape'"),
+    ("latest", {}, BARE, "'latest'"),
+    ("last.tmp-12", {}, BARE, "'last.tmp-12'"),
+    ("last", {"a.b": np.array([object()])}, BARE, "dtype object"),
+    ("last", {"file": np.zeros(1)}, BARE, "'file'"),
+    ("last", {}, {"iteration": 0}, "no epoch, batch, rng"),
+    ("last", {}, {**BARE, "when": object()}, "is not JSON"),
+    ("last", {}, {**BARE, "iteration": "12"}, "iteration: expected an integer >= 0, found '12'"),
+    ("last", {}, {**BARE, "rng": {"data": {"bit_generator": "PCG64", "state": 7}}},
+     "rng.data: expected a valid PCG64 state"),
 ])
 def test_what_cannot_be_saved_is_refused_before_anything_is_written(tmp_path, tag, weights, meta,
                                                                      found):
@@ -144,7 +153,8 @@ def checkpoint_number(k: int):
     weights = {f"layer{j}.weight": base + (k * 8 + j) for j in range(2)}
     state = {f"layer{j}.weight.momentum": base - (k * 8 + j) for j in range(2)}
     tag = "best" if k % 3 == 0 else "last"
-    return tag, weights, state, {"iteration": k, "epoch": k // 10, "config": f"run {k}"}
+    return tag, weights, state, {"iteration": k, "epoch": k // 10, "batch": k % 10, "rng": {},
+                                 "config": f"run {k}"}
 
 
 SAVER = textwrap.dedent(inspect.getsource(checkpoint_number)) + textwrap.dedent("""
@@ -292,6 +302,8 @@ def test_broken_archives_are_one_line_errors_naming_the_file(tmp_path, breakage,
     ('{"format": "minilms-checkpoint/1", "epoch": 1}', "found no iteration"),
     ('{"iteration": 1, "epoch": 1}', "expected format 'minilms-checkpoint/1', found None"),
     (b"\xff\xfe{}", "found bytes that are not UTF-8 text"),
+    ('{"iteration": ' + "9" * 5000 + "}", "found unreadable JSON (Exceeds the limit (4300 digits)"),
+    ("[" * 100_000, "found unreadable JSON (maximum recursion depth exceeded"),
     (None, "found no such file"),
 ])
 def test_broken_trainer_json_is_a_one_line_error(tmp_path, text, found):
@@ -307,6 +319,64 @@ def test_broken_trainer_json_is_a_one_line_error(tmp_path, text, found):
     with pytest.raises(CheckpointError) as error:
         load_checkpoint(where)
     assert found in assert_one_line(error, path)
+
+
+def edit_trainer_json(path: Path, key: str, value) -> None:
+    """Set ``key`` (``rng.dropout``: a generator's entry) of a saved trainer.json to ``value``, or
+    remove it when ``value`` is ``...``."""
+    data = json.loads(path.read_text())
+    *parents, last = key.split(".")
+    where = data
+    for parent in parents:
+        where = where[parent]
+    if value is ...:
+        del where[last]
+    else:
+        where[last] = value
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("key, value, found", [
+    ("rng", ..., "expected trainer state with iteration, epoch, batch, rng, found no rng"),
+    ("batch", ..., "found no batch"),
+    ("iteration", "12", "iteration: expected an integer >= 0, found '12'"),
+    ("iteration", -1, "iteration: expected an integer >= 0, found -1"),
+    ("epoch", "3", "epoch: expected an integer >= 0, found '3'"),
+    ("epoch", 2.5, "epoch: expected an integer >= 0, found 2.5"),
+    ("batch", True, "batch: expected an integer >= 0, found True"),
+    ("rng", [1, 2], "rng: expected generator states by name (a JSON object), found [1, 2]"),
+    ("rng.data", "garbage", "rng.data: expected a numpy bit generator's state"),
+    ("rng.data.bit_generator", "Nope", "rng.data: expected a numpy bit generator's state"),
+    ("rng.data.state", {"state": "x", "inc": 1}, "rng.data: expected a valid PCG64 state"),
+    ("rng.data.state", {"state": -1, "inc": 1}, "rng.data: expected a valid PCG64 state"),
+    ("config", 3, "config: expected the resolved config's text, found 3"),
+    ("solver", [1], "solver: expected the solver's scalar state (a JSON object), found [1]"),
+])
+def test_every_field_of_the_trainer_state_is_checked_on_load(tmp_path, key, value, found):
+    """What Trainer.resume reads (iteration, epoch, batch, rng) is checked when it is loaded: a
+    string iteration is not carried into the run, a garbage generator state is not a traceback."""
+    weights, state, meta = small_checkpoint()
+    where = save_checkpoint(tmp_path, "last", weights, state, meta)
+    path = where / "trainer.json"
+    edit_trainer_json(path, key, value)
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(tmp_path)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"{path}: ") and found in message, message
+    assert isinstance(error.value, MinilmsError)
+
+
+def test_restoring_a_garbage_state_is_an_error_and_changes_nothing():
+    keep, other = np.random.default_rng(5), np.random.default_rng(6)
+    before = keep.bit_generator.state, other.bit_generator.state
+    good = np.random.default_rng(1).bit_generator.state
+    garbage = {**good, "state": {"state": "x", "inc": 1}}
+    for states in ({"keep": good, "other": garbage}, {"keep": good, "other": None}, [good]):
+        with pytest.raises(CheckpointError) as error:
+            restore_rngs({"keep": keep, "other": other}, states, source="run/trainer.json")
+        message = str(error.value)
+        assert "\n" not in message and message.startswith("run/trainer.json: rng"), message
+        assert (keep.bit_generator.state, other.bit_generator.state) == before
 
 
 def test_no_checkpoint_is_reported_cleanly(tmp_path):
@@ -328,6 +398,97 @@ def test_latest_naming_what_is_not_there_is_an_error(tmp_path):
     with pytest.raises(CheckpointError) as error:
         load_checkpoint(tmp_path)
     assert "found '../../etc'" in assert_one_line(error, tmp_path / "latest")
+
+
+# -- retention -------------------------------------------------------------------------------------
+def save_iterations(directory, *numbers, width: int = 7) -> dict:
+    """A small checkpoint ``iter-<number>`` per number, saved in that order (the last is latest)."""
+    weights = {"w": np.zeros(3, np.float32)}
+    for number in numbers:
+        save_checkpoint(directory, f"iter-{number:0{width}d}", weights, {},
+                        {**BARE, "iteration": number})
+    return {number: Path(directory) / f"iter-{number:0{width}d}" for number in numbers}
+
+
+def test_prune_keeps_the_newest_by_number_the_best_and_latest(tmp_path):
+    paths = save_iterations(tmp_path, 10, 20, 30, 40, 50)
+    paths[100_000_000] = save_iterations(tmp_path, 100_000_000, width=9)[100_000_000]  # wider
+    save_checkpoint(tmp_path, "last", {}, {}, BARE)                    # not an iter- tag
+    (tmp_path / "iter-0000070.tmp-99999999").mkdir()                  # a save's leftovers
+    (tmp_path / "iter-0000080.old-99999999").mkdir()
+    (tmp_path / "latest").write_text("iter-0000020\n")                 # as if resumed from it
+    assert prune_checkpoints(tmp_path, keep=2, best="iter-0000010") == [paths[30], paths[40]]
+    assert sorted(os.listdir(tmp_path)) == [
+        "iter-0000010", "iter-0000020", "iter-0000050", "iter-0000070.tmp-99999999",
+        "iter-0000080.old-99999999", "iter-100000000", "last", "latest"]
+    assert load_checkpoint(tmp_path).meta["iteration"] == 20
+    assert prune_checkpoints(tmp_path, keep=1, best=None) == [paths[10], paths[50]]
+    assert prune_checkpoints(tmp_path, keep=0, best=None) == [paths[100_000_000]]
+    assert sorted(os.listdir(tmp_path)) == [
+        "iter-0000020", "iter-0000070.tmp-99999999", "iter-0000080.old-99999999", "last",
+        "latest"]
+    assert prune_checkpoints(tmp_path, keep=5, best=None) == []
+    assert load_checkpoint(tmp_path).meta["iteration"] == 20
+
+
+def test_prune_never_counts_an_incomplete_directory_as_a_checkpoint(tmp_path):
+    paths = save_iterations(tmp_path, 1, 2, 3)
+    broken = tmp_path / "iter-0000009"                                # newest by number
+    broken.mkdir()
+    (broken / "trainer.json").write_text("{}")
+    (tmp_path / "iter-0000008").write_text("a file, not a checkpoint directory")
+    assert prune_checkpoints(tmp_path, keep=1, best=None) == [paths[1], paths[2], broken]
+    assert sorted(os.listdir(tmp_path)) == ["iter-0000003", "iter-0000008", "latest"]
+    assert load_checkpoint(tmp_path).tag == "iter-0000003"
+
+
+def test_prune_removes_nothing_when_latest_cannot_be_read(tmp_path):
+    save_iterations(tmp_path, 1, 2, 3)
+    (tmp_path / "latest").write_text("../../etc\n")
+    assert prune_checkpoints(tmp_path, keep=1, best=None) == []
+    assert len(list(tmp_path.glob("iter-*"))) == 3
+    with pytest.raises(ValueError, match="keep must be an integer >= 0"):
+        prune_checkpoints(tmp_path, keep=-1, best=None)
+    assert prune_checkpoints(tmp_path / "nowhere", keep=1, best=None) == []
+
+
+def test_a_checkpoint_that_cannot_be_removed_is_named(tmp_path, monkeypatch):
+    paths = save_iterations(tmp_path, 1, 2, 3)
+    real_replace = os.replace
+
+    def refuse_the_second(source, destination):
+        if Path(source) == paths[2]:
+            raise PermissionError(13, "Permission denied")
+        real_replace(source, destination)
+
+    monkeypatch.setattr(checkpoint_module.os, "replace", refuse_the_second)
+    with pytest.raises(CheckpointError) as error:
+        prune_checkpoints(tmp_path, keep=1, best=None)
+    assert str(error.value) == (f"{paths[2]}: expected a checkpoint directory that can be "
+                                "removed, found [Errno 13] Permission denied")
+    assert sorted(os.listdir(tmp_path)) == ["iter-0000002", "iter-0000003", "latest"]
+
+
+def test_a_prune_killed_mid_delete_leaves_only_whole_checkpoints(tmp_path, monkeypatch):
+    paths = save_iterations(tmp_path, 1, 2, 3, 4)
+    real_rmtree = checkpoint_module.shutil.rmtree
+
+    def delete_one_file_then_crash(path, ignore_errors=False):
+        if Path(path).exists():
+            next(Path(path).iterdir()).unlink()
+            raise SimulatedCrash
+
+    monkeypatch.setattr(checkpoint_module.shutil, "rmtree", delete_one_file_then_crash)
+    with pytest.raises(SimulatedCrash):
+        prune_checkpoints(tmp_path, keep=1, best=None)
+    monkeypatch.setattr(checkpoint_module.shutil, "rmtree", real_rmtree)
+    left = sorted(os.listdir(tmp_path))
+    assert [n for n in left if n.startswith("iter-") and "." not in n] == ["iter-0000004"]
+    assert all(".tmp-" in n for n in left if n.startswith("iter-") and n != "iter-0000004")
+    assert load_checkpoint(tmp_path).tag == "iter-0000004"
+    save_iterations(tmp_path, 5)                                       # the next save cleans up
+    assert sorted(os.listdir(tmp_path)) == ["iter-0000004", "iter-0000005", "latest"]
+    assert not any(path.exists() for path in (paths[1], paths[2], paths[3]))
 
 
 # -- apply_weights ---------------------------------------------------------------------------------
@@ -422,6 +583,6 @@ def test_weights_saved_from_blobs_load_back_into_them(tmp_path):
     for name, array in weights_for(source).items():
         source[name].mutable_host_data()[...] = array
     saved = {name: blob.host_data() for name, blob in source.items()}
-    save_checkpoint(tmp_path, "last", saved, {}, {"iteration": 0, "epoch": 0})
+    save_checkpoint(tmp_path, "last", saved, {}, BARE)
     apply_weights(target, load_weights(tmp_path))
     assert all((target[name].host == source[name].host).all() for name in source)

@@ -2,7 +2,9 @@
 valid (the Trace Event Format's rules, a picture with what it promises), it survives saving, the
 command reads it with one-line errors, a long run stays bounded without losing a byte of its
 totals, recording costs little, and the ``limit_device_memory`` marker fails what it should."""
+import copy
 import json
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -18,6 +20,7 @@ from minilms.lms import LmsExecutor
 from minilms.lms.planner import Policy, least_pool
 from minilms.net import Net, build_layer
 from minilms.solver import SGD
+from minilms.trace.command import main as command_main
 
 from .test_executor import batch
 
@@ -248,13 +251,13 @@ def test_save_and_load_keep_every_number(capped, tmp_path):
 def test_command_reads_a_trace_file_and_a_run_directory(capped, tmp_path, capsys):
     capped.one.save(tmp_path / "trace.json")
     png, chrome = tmp_path / "m.png", tmp_path / "c.json"
-    assert run(trace.main, [str(tmp_path / "trace.json"), "--png", str(png), "--chrome",
+    assert run(command_main, [str(tmp_path / "trace.json"), "--png", str(png), "--chrome",
                             str(chrome), "--table"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("minilms trace: iterations train 1") and "in (H2D)" in out
     assert png.stat().st_size > 10_000
     assert_valid_chrome_trace(json.loads(chrome.read_text()))
-    assert run(trace.main, [str(tmp_path)]) == 0
+    assert run(command_main, [str(tmp_path)]) == 0
     assert "peak" in capsys.readouterr().out
 
 
@@ -268,13 +271,171 @@ def test_command_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
              tmp_path / "other.json": "not a minilms trace (no \"format\"",
              tmp_path / "short.json": "not a minilms trace: malformed"}
     for path, expected in cases.items():
-        assert run(trace.main, [str(path)]) == 2
+        assert run(command_main, [str(path)]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and expected in err and err.count("\n") == 1, err
     done = subprocess.run([sys.executable, "-m", "minilms.trace", str(tmp_path / "bad.json")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+
+
+@pytest.fixture(scope="module")
+def small_document(tmp_path_factory):
+    """A saved trace of two iterations of the small CNN (with a gap, a plan, copies, stalls),
+    as the JSON document a test edits."""
+    inputs = batch(2, 3, 8, classes=4)
+    net = make_net(SMALL_CNN, inputs)
+    with make_device("cpu", 2**20) as device:
+        with trace.record(max_events=400) as tr:
+            executor = LmsExecutor(net, device, SGD(0.1, momentum=0.9), Policy(prefetch=1))
+            for _ in range(6):
+                executor.iterate(inputs)
+    path = tr.save(tmp_path_factory.mktemp("small") / "trace.json", least_pool=True)
+    document = json.loads(path.read_text())
+    assert {e[0] for e in document["events"]} >= {"alloc", "free", "copy", "kernel", "stall",
+                                                   "iteration", "plan", "gap", "h2d", "d2h"}
+    return document
+
+
+def first_event(document, kind) -> list:
+    return next(e for e in document["events"] if e[0] == kind)
+
+
+def set_detail(kind, key, value):
+    def edit(document):
+        first_event(document, kind)[4][key] = value
+    return edit
+
+
+def set_key(*path_and_value):
+    *path, value = path_and_value
+
+    def edit(document):
+        where = document
+        for key in path[:-1]:
+            where = where[key]
+        where[path[-1]] = value
+    return edit
+
+
+def drop_key(*path):
+    def edit(document):
+        where = document
+        for key in path[:-1]:
+            where = where[key]
+        del where[path[-1]]
+    return edit
+
+
+# Each: an edit of a good file, and what the one-line error must say (after the file's name).
+MALFORMED = {
+    "alloc offset a string": (set_detail("alloc", "offset", "12"),
+                              r"events\[\d+\] \(alloc\) detail\.offset: expected an integer"
+                              r".*, found '12'$"),
+    "kernel start a list": (set_detail("kernel", "start", [1, 2]),
+                            r"\(kernel\) detail\.start: expected a finite number, found \[1, 2\]"),
+    "kernel step a float": (set_detail("kernel", "step", 1.5),
+                            r"detail\.step: expected an integer"),
+    "copy direction unknown": (set_detail("copy", "direction", "sideways"),
+                               r"detail\.direction: expected 'h2d' or 'd2h', found 'sideways'"),
+    "stall end infinite": (set_detail("stall", "end", float("inf")),
+                           r"\(stall\) detail\.end: expected a finite number, found inf"),
+    "iteration index a string": (set_detail("iteration", "index", "1"),
+                                 r"\(iteration\) detail\.index: expected an integer"),
+    "gap live a dict": (set_detail("gap", "live", {}), r"\(gap\) detail\.live: expected a list"),
+    "h2d role unknown": (set_detail("h2d", "role", "weights"), r"detail\.role: expected a role"),
+    "event bytes negative": (lambda d: d["events"][0].__setitem__(2, -5),
+                             r"events\[0\]\[2\]: expected a byte count"),
+    "event too short": (lambda d: d["events"][0].pop(), r"events\[0\]: expected an event"),
+    "initial_live a string": (set_key("initial_live", "abc"),
+                              r"initial_live: expected a list of \[offset, owner, bytes, role\]"),
+    "initial_live bytes a string": (set_key("initial_live", [[0, "w", "x", "param"]]),
+                                    r"initial_live\[0\]\[2\]: expected a byte count"),
+    "roles a list": (set_key("roles", [1, 2]), r"roles: expected a role by blob name"),
+    "a role unknown": (set_key("roles", {"data": "bogus"}), r"roles\['data'\]: expected a role"),
+    "origin a string": (set_key("origin", "1.5"), r"origin: expected a finite number, found '1.5'"),
+    "origin missing": (drop_key("origin"), r"origin: expected a finite number, found nothing"),
+    "capacity_hint a string": (set_key("capacity_hint", "big"),
+                               r"capacity_hint: expected a byte count .*, found 'big'"),
+    "plan capacity a string": (set_key("plans", 0, "capacity", "big"),
+                               r"plans\[0\]\.capacity: expected a byte count"),
+    "plan pins an unsized blob": (set_key("plans", 0, "pinned", ["nowhere"]),
+                                  r"plans\[0\]\.pinned: expected blobs the plan's sizes list"),
+    "plan with a live net": (set_key("plans", 0, "live", [1, 2]),
+                             r"plans\[0\]: expected only the keys .*, found 'live'"),
+    "totals peak a string": (set_key("totals", "peak", "big"), r"totals\.peak: expected a byte"),
+    "totals replacing the pool": (set_key("totals", "pool", None),
+                                  r"totals: expected only the keys .*, found 'pool'"),
+    "totals stall short": (set_key("totals", "stall", [0.0, 1]), r"totals\.stall: expected \["),
+    "totals issued pair": (set_key("totals", "issued", "d2h", {"x": [1, None]}),
+                           r"totals\.issued\.d2h\['x'\]\[1\]: expected an integer 0"),
+    "totals role unknown": (set_key("totals", "at_peak", {"weights": 1}),
+                            r"totals\.at_peak \(a key\): expected a role"),
+    "totals times half": (set_key("totals", "last_time", None),
+                          r"totals\.last_time: expected a time exactly when first_time is one"),
+}
+MALFORMED["free in_use missing"] = (
+    lambda d: first_event(d, "free")[4].pop("in_use"),
+    r"\(free\) detail\.in_use: expected a byte count .*, found nothing \(no such key\)$")
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_values_of_the_wrong_type_are_one_line_errors_at_load(small_document, tmp_path, capsys,
+                                                               case):
+    """Every field the readers use is checked when the file is loaded: a wrong one is a
+    one-line TraceError naming the file and where in it, never a traceback while reading."""
+    edit, expected = MALFORMED[case]
+    document = copy.deepcopy(small_document)
+    edit(document)
+    path = tmp_path / "bad_trace.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(trace.TraceError) as error:
+        trace.load_trace(path)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"{path}: "), message
+    assert re.search(expected, message), message
+    assert run(command_main, [str(path)]) == 2          # what python -m minilms.trace prints
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_json_python_cannot_hold_is_a_one_line_error(tmp_path):
+    for name, text in (("digits.json", '{"format": "minilms-trace", "origin": ' + "9" * 5000),
+                       ("deep.json", "[" * 100_000)):
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(trace.TraceError, match=f"^{re.escape(str(path))}: not a minilms "
+                                                   "trace: (bad JSON|JSON nested too deeply)"):
+            trace.load_trace(path)
+
+
+def test_what_the_checks_accept_every_reader_can_read(small_document, tmp_path):
+    """The other side of the checks: a file whose values have the right types, however odd
+    (empty, zero, negative offsets, unknown event kinds), loads and is read without an error."""
+    document = copy.deepcopy(small_document)
+    document["events"].append(["state", "x", 0, 1.0, {"anything": [1]}])    # a kind not read
+    first_event(document, "alloc")[4]["offset"] = -3
+    document["initial_live"] = []
+    document["capacity_hint"] = None
+    document["plans"][0]["least_pool"] = None
+    path = tmp_path / "odd_trace.json"
+    path.write_text(json.dumps(document))
+    loaded = trace.load_trace(path)
+    assert loaded.summary(table=True).startswith("minilms trace")
+    assert_valid_chrome_trace(loaded.to_chrome())
+    assert loaded.plot(iteration=-1).axes and loaded.layer_table()
+
+
+def test_the_checks_name_every_field_the_folds_and_plans_hold():
+    """The file checks list the totals' and plans' fields by hand: they must be the fold's and
+    PlanInfo's own, or a new field would load unchecked (or a good file be refused)."""
+    import importlib
+    from dataclasses import fields
+
+    from minilms.trace.fold import Fold, PlanInfo
+    record_module = importlib.import_module("minilms.trace.record")   # the package's "record"
+    assert set(record_module.TOTALS_FIELDS) == set(Fold({}).to_json())
+    assert set(record_module.PLAN_FIELDS) == {f.name for f in fields(PlanInfo)} - {"live"}
 
 
 # -- long runs, cost --------------------------------------------------------------------------
@@ -334,6 +495,7 @@ from minilms.lms import LmsExecutor
 from minilms.net import Net
 from minilms.plan import Policy
 from minilms.solver import SGD
+from minilms.trace.command import main as command_main
 from tests.test_trace import SMALL_CNN
 
 

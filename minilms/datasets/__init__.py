@@ -31,7 +31,10 @@ the config's ``data.augment`` section. ``BatchLoader`` (``loader``) shuffles by 
 shards across ranks, and makes batches in a background thread.
 
 A bad option is a ``ConfigError`` naming its ``data.*`` key; a bad file is a ``DatasetError``
-naming the file, what was expected and what was found. Both are one line.
+naming the file, what was expected and what was found. Both are one line. A split too big for the
+host's available memory is found before its pixels are allocated: a ``ConfigError`` naming the key
+that made it big (``image_size``, ``train_size``, ``val_size``), or a ``DatasetError`` naming the
+file that would not fit.
 
 To add a format: write ``<format>.py`` with ``open_<format>(split, *, <options>) -> Dataset``
 (usually an ``ArrayDataset`` or a ``CachedDataset``) and, beside it, its facts as

@@ -13,17 +13,27 @@ A format's facts (its name, open function, class count, whether it reads ``data.
 reads there) are a ``DatasetFormat`` declared once, beside the open function, in the format's
 module: the registry, the config's accepted ``data.dataset`` values and root check, the net
 builder's class count and the tests all read them from there, so none keeps a list to forget.
+
+A split must fit in host memory. Before a format allocates a split's pixels it checks the bytes
+against what the host has available (``check_fits``), so ``data.image_size: 100000`` is one line
+naming the key, not numpy's MemoryError traceback (or, worse, the kernel's OOM killer once the
+cache fills); a MemoryError that still happens is turned into the same line (``memory_guard``).
+The available memory is read here, from ``/proc/meminfo`` or ``os.sysconf``, because datasets
+sits below the device package, whose ``host_memory_info`` says the same.
 """
 from __future__ import annotations
 
 import inspect
+import math
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DatasetError
 
 SPLITS = ("train", "val")
 
@@ -238,6 +248,101 @@ def check_num_classes(name: str, actual: int, requested) -> None:
     model's last layer, so a mismatch is a config mistake worth stopping for)."""
     if requested is not None and requested != actual:
         raise ConfigError("data.num_classes", f"{actual} for {name}", requested)
+
+
+# --- host memory: a split must fit, or the error names what made it big ---
+
+def available_memory() -> int | None:
+    """Bytes of host RAM a process can still take without swapping (Linux's MemAvailable, else
+    the free physical pages), or None where the host does not say."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def size_text(nbytes: int) -> str:
+    """``109.1 TiB``: one decimal in the largest binary unit under the number (bytes as is)."""
+    value, unit = float(nbytes), "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def split_bytes(count: int, shape: Sequence[int]) -> tuple[int, str]:
+    """The uint8 pixel bytes of ``count`` images of ``shape``, and how a message says so."""
+    need = int(count) * math.prod(int(d) for d in shape)
+    images = "1 image" if count == 1 else f"{count} images"
+    return need, f"{images} of {'x'.join(str(int(d)) for d in shape)} = {size_text(need)}"
+
+
+def _too_big(key: str, found, what: str, free: int | None, hint: str) -> ConfigError:
+    room = f"; {size_text(free)} available" if free is not None else ""
+    return ConfigError(key, f"a data set that fits in host memory ({what}{room})", found,
+                       hint=hint)
+
+
+def check_fits(key: str, found, count: int, shape: Sequence[int], hint: str = "") -> None:
+    """A ConfigError naming ``key`` (the ``data.*`` option that made it big, ``found`` its value)
+    when ``count`` uint8 images of ``shape`` need more bytes than the host has available."""
+    need, what = split_bytes(count, shape)
+    free = available_memory()
+    if free is not None and need > free:
+        raise _too_big(key, found, what, free, hint)
+
+
+@contextmanager
+def memory_guard(key: str, found, count: int, shape: Sequence[int], hint: str = ""):
+    """``check_fits`` first; then a MemoryError inside the block (the check passed, but the host
+    could not deliver, or could not say what it had) becomes the same one-line ConfigError."""
+    check_fits(key, found, count, shape, hint)
+    try:
+        yield
+    except MemoryError:
+        raise _too_big(key, found, split_bytes(count, shape)[1], available_memory(),
+                       hint) from None
+
+
+def fits(nbytes: int) -> bool:
+    """Whether ``nbytes`` fit in the host's available memory (True where the host does not say:
+    the allocation itself is then the check)."""
+    free = available_memory()
+    return free is None or nbytes <= free
+
+
+def check_bytes_fit(path: Path, nbytes: int, what: str = "a file") -> None:
+    """A DatasetError naming ``path`` when ``what`` there, ``nbytes`` once in memory, is more
+    than the host has available."""
+    free = available_memory()
+    if free is not None and nbytes > free:
+        raise DatasetError(path, f"data that fits in host memory ({size_text(free)} available)",
+                           f"{what} of {size_text(nbytes)}")
+
+
+def check_file_fits(path: Path) -> None:
+    """``check_bytes_fit`` for a whole file, read as it is."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return          # the read that follows names the problem
+    check_bytes_fit(path, size)
+
+
+def out_of_memory(path: Path, error: MemoryError,
+                  expected: str = "data that fits in host memory") -> DatasetError:
+    """A MemoryError met while reading ``path``, as the one-line DatasetError naming it."""
+    free = available_memory()
+    room = f" ({size_text(free)} available)" if free is not None else ""
+    return DatasetError(path, f"{expected}{room}", one_line(error))
 
 
 def one_line(error: BaseException) -> str:

@@ -21,11 +21,13 @@ from .base import (
     ArrayDataset,
     DatasetFormat,
     check_channels,
+    check_file_fits,
     check_native_size,
     check_num_classes,
     check_root,
     check_split,
     one_line,
+    out_of_memory,
 )
 
 RECORD_BYTES = 1 + 3 * 32 * 32
@@ -39,10 +41,13 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Images uint8 ``[n, 3, 32, 32]`` and labels ``[n]`` from one binary batch file."""
     if not path.is_file():
         raise DatasetError(path, "a CIFAR-10 binary batch file", "no such file")
+    check_file_fits(path)
     try:
         data = np.fromfile(path, np.uint8)
     except OSError as error:
         raise DatasetError(path, "a readable file", one_line(error)) from None
+    except MemoryError as error:
+        raise out_of_memory(path, error, "a file that fits in host memory") from None
     if data.size == 0:
         raise DatasetError(path, "a CIFAR-10 binary batch file", "an empty file")
     if data.size % RECORD_BYTES:
@@ -78,7 +83,11 @@ def open_cifar10(split: str, *, root=None, image_size=None, channels=None,
     check_native_size("cifar10", 32, 32, image_size)
     check_num_classes("cifar10", len(CLASSES), num_classes)
     batches = [read_batch(folder / name) for name in FILES[split]]
-    images = np.concatenate([images for images, _ in batches])
+    try:
+        images = np.concatenate([images for images, _ in batches])
+    except MemoryError as error:        # the split is the batches' sum, each of which fitted
+        raise out_of_memory(folder, error, "batches that fit in host memory "
+                            "together") from None
     labels = np.concatenate([labels for _, labels in batches])
     return ArrayDataset("cifar10", split, read_class_names(folder), images, labels,
                         check_channels(channels, 3))

@@ -12,7 +12,8 @@ suffix are skipped, so a README beside the images is harmless.
 Images are decoded on demand (in the loader's background thread) and cached once decoded:
 converted to ``channels`` (grey or RGB), resized so the shorter side is ``image_size`` and
 centre-cropped to a square, as ``Resize(s) + CenterCrop(s)`` does. A file Pillow cannot read is a
-DatasetError naming it, whatever Pillow raised.
+DatasetError naming it, whatever Pillow raised. The cache must fit in host memory: an
+``image_size`` that makes it too big is a ConfigError naming the key, before anything is decoded.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from .base import (
     check_num_classes,
     check_root,
     check_split,
+    memory_guard,
     one_line,
 )
 
@@ -134,8 +136,15 @@ def open_imagefolder(split: str, *, root=None, image_size=None, channels=None, n
         raise ConfigError("data.cache", "true or false", cache)
     files = [path for path, _ in samples]
     labels = np.array([label for _, label in samples], np.int32)
-    return ImageFolderDataset(split, classes, files, labels, image_size,
-                              check_channels(channels, 3), cache=True if cache is None else cache)
+    channels = check_channels(channels, 3)
+    cache = True if cache is None else cache
+    # Cached, every image of the split is kept once decoded; uncached, one at a time.
+    count = len(files) if cache else 1
+    hint = "; or set data.cache: false to decode images as batches need them" if cache else ""
+    with memory_guard("data.image_size", image_size, count, (channels, image_size, image_size),
+                      hint):
+        return ImageFolderDataset(split, classes, files, labels, image_size, channels,
+                                  cache=cache)
 
 
 # No fixed class count: it is the number of class folders.

@@ -12,6 +12,7 @@ detected from the bytes, not the name. The ``val`` split is the format's test sp
 from __future__ import annotations
 
 import gzip
+import math
 import zlib
 from pathlib import Path
 
@@ -22,11 +23,13 @@ from .base import (
     ArrayDataset,
     DatasetFormat,
     check_channels,
+    check_file_fits,
     check_native_size,
     check_num_classes,
     check_root,
     check_split,
     one_line,
+    out_of_memory,
 )
 
 IMAGES_MAGIC, LABELS_MAGIC = 2051, 2049
@@ -55,10 +58,13 @@ def find_file(root: Path, base: str, name: str) -> Path:
 
 def read_bytes(path: Path) -> bytes:
     """The file's bytes, gunzipped if they are gzip (magic 1f 8b; IDX files start with 00 00)."""
+    check_file_fits(path)
     try:
         data = path.read_bytes()
     except OSError as error:
         raise DatasetError(path, "a readable file", one_line(error)) from None
+    except MemoryError as error:
+        raise out_of_memory(path, error, "a file that fits in host memory") from None
     if data[:2] != b"\x1f\x8b":
         return data
     try:
@@ -66,6 +72,9 @@ def read_bytes(path: Path) -> bytes:
     except (OSError, EOFError, zlib.error) as error:
         raise DatasetError(path, "a complete gzip file", f"a damaged one ({one_line(error)})") \
             from None
+    except MemoryError as error:        # what it inflates to is only known by inflating it
+        raise out_of_memory(path, error, "a gzip file whose contents fit in host "
+                            "memory") from None
 
 
 def read_idx(path: Path, magic: int) -> np.ndarray:
@@ -82,11 +91,18 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
         raise DatasetError(path, f"IDX magic number {magic} ({what}: {ndim}-d unsigned bytes)",
                            found_magic)
     dims = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
-    expected = int(np.prod(dims, dtype=np.int64))
+    # Python's integers: numpy's int64 product wraps past 2^63 (three sizes of 2^21..2^22 make
+    # 2^64, "0 bytes"), and a wrapped count could even match the file and reach reshape.
+    expected = math.prod(dims)
     payload = len(data) - header_size
+    shape = "x".join(map(str, dims))
+    if expected > max(payload, np.iinfo(np.intp).max):   # no array is that big: a bad header
+        raise DatasetError(path, f"{what[:-1]} dimensions whose product fits the file ({payload} "
+                           "data bytes after the header)", f"dimensions {shape} (product "
+                           f"{expected})")
     if payload != expected:
         state = "truncated" if payload < expected else "trailing bytes"
-        raise DatasetError(path, f"{expected} data bytes for dimensions {'x'.join(map(str, dims))}",
+        raise DatasetError(path, f"{expected} data bytes for dimensions {shape}",
                            f"{payload} ({state})")
     return np.frombuffer(data, np.uint8, offset=header_size).reshape(dims)
 

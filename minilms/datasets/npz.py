@@ -9,9 +9,14 @@ layout is channels-first when dimension 1 is 1 or 3, else channels-last when the
 (0..255, scaled by 1/255) or floating point already in [0, 1]. Labels are non-negative integers.
 
 The file is opened with ``allow_pickle=False``: an object array in it is an error, never code run.
+A file that is not a zip archive (a CSV renamed ``.npz``, say) is named as such from its first
+bytes, and an image array bigger than the host's available memory is refused from its header,
+before it is read.
 """
 from __future__ import annotations
 
+import math
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +25,7 @@ from ..errors import DatasetError
 from .base import (
     ArrayDataset,
     DatasetFormat,
+    check_bytes_fit,
     check_channels,
     check_fraction,
     check_int,
@@ -28,6 +34,7 @@ from .base import (
     check_root,
     check_split,
     one_line,
+    out_of_memory,
 )
 
 SPLIT_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -67,23 +74,72 @@ def as_labels(path: Path, key: str, array: np.ndarray, count: int | None) -> np.
     return array
 
 
+PICKLED = "pickled (object) data, which is refused: unpickling can run any code"
+ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")     # a zip's first entry; an empty zip's directory
+NPY_MAGIC = b"\x93NUMPY"
+
+
 def _refusal(path: Path, error: Exception) -> DatasetError:
     found = one_line(error)
     if "pickle" in found:  # numpy's message suggests loading unsafely; we never will
-        found = "pickled (object) data, which is refused: unpickling can run any code"
+        found = PICKLED
     return DatasetError(path, "an .npz archive of plain arrays", found)
+
+
+def check_kind(path: Path) -> None:
+    """Name what the file is when it is not a zip archive, from its first bytes: numpy's own
+    error for anything that is neither .npz nor .npy talks of pickles (it would try one), which
+    for a CSV or an image renamed .npz is a wrong and alarming diagnosis."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(16)
+    except OSError as error:
+        raise DatasetError(path, "a readable file", one_line(error)) from None
+    if head.startswith(ZIP_MAGICS):
+        return
+    if head.startswith(NPY_MAGIC):
+        raise DatasetError(path, "an .npz archive of named arrays", "a single .npy array")
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        raise DatasetError(path, "an .npz archive of plain arrays", PICKLED)
+    found = f"it begins {head!r}" if head else "an empty file"
+    raise DatasetError(path, "an .npz (zip) archive of plain arrays",
+                       f"a file that is not a zip archive ({found})")
+
+
+def check_member_fits(path: Path, archive, key: str) -> None:
+    """Refuse an array whose .npy header says it needs more memory than the host has, before
+    reading it: a compressed archive can inflate far beyond its size on disk. A header that
+    cannot be read here is left for the read itself to report."""
+    try:
+        with archive.zip.open(f"{key}.npy") as member:
+            version = np.lib.format.read_magic(member)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read_header is None:
+                return
+            shape, _, dtype = read_header(member)
+    except Exception:   # any damage here is reported by the read that follows
+        return
+    check_bytes_fit(path, math.prod(shape) * dtype.itemsize, f"{key} {list(shape)} {dtype}")
 
 
 def load_arrays(path: Path, split: str, val_fraction: float, seed: int):
     """This split's images and labels, every label in the file (to count the classes), and the
     optional class names."""
+    check_kind(path)
     try:
         archive = np.load(path, allow_pickle=False)
-    except Exception as error:  # not a zip, a damaged one, a pickle: all mean "not our format"
+    except zipfile.BadZipFile as error:
+        raise DatasetError(path, "an .npz (zip) archive of plain arrays",
+                           f"a damaged zip archive ({one_line(error)})") from None
+    except Exception as error:  # a damaged one: "not our format"
         raise _refusal(path, error) from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise DatasetError(path, "an .npz archive of named arrays", "a single .npy array")
     with archive:
+        for key in ("x_train", "x_test", "x"):
+            if key in archive.files:
+                check_member_fits(path, archive, key)
         try:
             keys = set(archive.files)
             if set(SPLIT_KEYS) <= keys:
@@ -105,6 +161,8 @@ def load_arrays(path: Path, split: str, val_fraction: float, seed: int):
             names = archive["classes"] if "classes" in keys else None
         except DatasetError:
             raise
+        except MemoryError as error:    # the headers fitted, the copies and conversions did not
+            raise out_of_memory(path, error, "arrays that fit in host memory") from None
         except Exception as error:  # a damaged member, an object array refused without pickle
             raise _refusal(path, error) from None
     return images, labels, all_labels, names

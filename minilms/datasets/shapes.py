@@ -20,11 +20,20 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .base import CachedDataset, DatasetFormat, check_channels, check_int, check_split
+from .base import (
+    CachedDataset,
+    DatasetFormat,
+    check_channels,
+    check_int,
+    check_split,
+    fits,
+    memory_guard,
+)
 
 SPLIT_SEEDS = {"train": 0, "val": 1}
 MAX_CLASSES = 8
 DEFAULT_CLASSES = 4  # what a config without data.num_classes gets, and plans for
+DEFAULT_IMAGE_SIZE = 32
 _LUMA = np.array([0.299, 0.587, 0.114])
 _MIN_CONTRAST = 0.35  # luma difference between shape and background, so grey images stay visible
 
@@ -126,14 +135,21 @@ def open_shapes(split: str, *, image_size=None, channels=None, num_classes=None,
                 val_size=None, seed=None) -> ShapesDataset:
     """The ``shapes`` format: ``train_size`` or ``val_size`` images for the split."""
     split = check_split(split)
+    size_key = f"{split}_size"
     size = check_int("train_size", train_size, 2000, 1) if split == "train" \
         else check_int("val_size", val_size, 500, 1)
-    return ShapesDataset(split, size,
-                         image_size=check_int("image_size", image_size, 32, 4),
-                         channels=check_channels(channels, 3),
-                         num_classes=check_int("num_classes", num_classes, DEFAULT_CLASSES, 2,
-                                               MAX_CLASSES),
-                         seed=check_int("seed", seed, 0, 0))
+    side = check_int("image_size", image_size, DEFAULT_IMAGE_SIZE, 4)
+    channels = check_channels(channels, 3)
+    num_classes = check_int("num_classes", num_classes, DEFAULT_CLASSES, 2, MAX_CLASSES)
+    seed = check_int("seed", seed, 0, 0)
+    # The cache (and the labels) are sized before any image is drawn. Blame the image size when
+    # this many images would fit at the default size, else the count.
+    small_fits = fits(size * channels * DEFAULT_IMAGE_SIZE ** 2)
+    key, found = (("data.image_size", side) if small_fits and side > DEFAULT_IMAGE_SIZE
+                  else (f"data.{size_key}", size))
+    with memory_guard(key, found, size, (channels, side, side)):
+        return ShapesDataset(split, size, image_size=side, channels=channels,
+                             num_classes=num_classes, seed=seed)
 
 
 FORMAT = DatasetFormat("shapes", open_shapes, num_classes=DEFAULT_CLASSES, needs_root=False,

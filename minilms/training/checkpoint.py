@@ -15,13 +15,17 @@ API:
 
 ``save_checkpoint(directory, tag, weights, state, meta) -> Path``
     Write ``directory/<tag>`` and point ``directory/latest`` at it. ``weights`` and ``state`` map
-    names to arrays; ``meta`` is a JSON-able dict that must hold ``iteration`` and ``epoch`` and by
-    convention holds ``rng`` (name -> ``bit_generator.state``; a ``np.random.Generator`` is
-    converted for you), ``solver`` (scalar state such as Adam's ``step``) and ``config`` (the
+    names to arrays; ``meta`` is a JSON-able dict that must hold what a resume reads:
+    ``iteration``, ``epoch`` and ``batch`` (integers >= 0) and ``rng`` (name ->
+    ``bit_generator.state``; a ``np.random.Generator`` is converted for you); by convention it
+    also holds ``solver`` (scalar state such as Adam's ``step``, a dict) and ``config`` (the
     resolved config text). Tuples come back as lists, as JSON has only lists.
 ``load_checkpoint(path) -> Checkpoint``
     ``path`` is a checkpoint directory or a run directory (whose ``latest`` names the checkpoint).
-    ``Checkpoint`` has ``path``, ``tag``, ``weights``, ``state`` and ``meta`` (as saved).
+    ``Checkpoint`` has ``path``, ``tag``, ``weights``, ``state`` and ``meta`` (as saved). Every
+    field of ``meta`` listed above is checked (``check_meta``) where it is saved and where it is
+    loaded, so a checkpoint that loads can be resumed from: ``<dir>/trainer.json: iteration:
+    expected an integer >= 0, found '12'``, not a string epoch carried into ``summary.json``.
 ``load_weights(path) -> dict``
     The weights alone, for ``init_weights:``: an ``.npz`` file, a checkpoint or a run directory.
 ``apply_weights(blobs, weights, strict=True, source=None) -> AppliedWeights``
@@ -29,8 +33,12 @@ API:
     mismatch writes nothing. ``strict=False`` skips missing and unexpected names (and reports them)
     but never a wrong shape or dtype. On an ``LmsExecutor``, call ``executor.flush()`` first so
     that no pinned blob holds a device copy the plan still trusts.
-``restore_rngs(generators, states)``
-    Put each named generator back in the state ``meta["rng"]`` recorded.
+``restore_rngs(generators, states, source=None)``
+    Put each named generator back in the state ``meta["rng"]`` recorded; all are checked, against
+    a scratch generator of the same kind, before any is changed.
+``prune_checkpoints(run_dir, keep, best) -> list[Path]``
+    Retention: delete the ``iter-<number>`` checkpoints but the newest ``keep``, ``best`` and the
+    one ``latest`` names; returns what it removed.
 
 Every failure is a ``CheckpointError`` (a ``MinilmsError``), one line: ``{path}: expected
 {expected}, found {found}``; ``NoCheckpointError``, its subclass, means nothing was ever saved
@@ -41,7 +49,10 @@ the directory fsynced, and renamed into place. A checkpoint of the same tag is f
 to ``<tag>.old-<pid>`` (a directory cannot be renamed over a non-empty one) and deleted after the
 new one is in. A process killed between those two renames leaves no ``<tag>`` but a complete
 ``<tag>.old-<pid>``: loading reads that one, and the next save renames it back before anything
-else. Leftover ``.tmp-`` directories of dead processes are removed by the next save.
+else. Leftover ``.tmp-`` directories of dead processes are removed by the next save. Pruning
+renames a checkpoint to such a ``.tmp-`` name before deleting it, so a process killed mid-delete
+leaves no half-deleted ``iter-*`` directory that looks like a checkpoint, only a leftover that
+the next save removes.
 """
 import json
 import os
@@ -59,7 +70,9 @@ from ..errors import CheckpointError, NoCheckpointError, did_you_mean
 
 WEIGHTS, STATE, TRAINER, LATEST = "weights.npz", "state.npz", "trainer.json", "latest"
 FORMAT = "minilms-checkpoint/1"
-REQUIRED_META = ("iteration", "epoch")
+REQUIRED_META = ("iteration", "epoch", "batch", "rng")     # what Trainer.resume reads
+COUNTERS = ("iteration", "epoch", "batch")
+ITERATION_TAG = re.compile(r"iter-(?P<number>\d+)")         # the trainer's tags, pruned by number
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]*")
 LEFTOVER = re.compile(r"(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)")
 RESERVED_NAMES = ("file", "allow_pickle")     # np.savez's own keyword arguments
@@ -82,6 +95,12 @@ class AppliedWeights(NamedTuple):
 
 def one_line(value) -> str:
     return " ".join(str(value).split())
+
+
+def shown(value, limit: int = 60) -> str:
+    """``value`` as a message quotes it: its repr, on one line, cut at ``limit`` characters."""
+    text = one_line(repr(value))
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # -- saving ----------------------------------------------------------------------------------------
@@ -144,9 +163,54 @@ def trainer_json(meta: dict, path: Path) -> str:
         raise CheckpointError(path, "trainer state without a 'format' key (it is the file's own)",
                               "one")
     try:
-        return json.dumps({"format": FORMAT, **meta}, indent=2, default=jsonable) + "\n"
+        text = json.dumps({"format": FORMAT, **meta}, indent=2, default=jsonable) + "\n"
     except (TypeError, ValueError) as error:
         raise CheckpointError(path, "JSON-able trainer state", error) from None
+    check_meta(json.loads(text), path)     # as load_checkpoint will read it back
+    return text
+
+
+def check_meta(meta: dict, path) -> None:
+    """The trainer state a resume reads, checked field by field; each failure names the file and
+    the key: ``{path}: iteration: expected an integer >= 0, found '12'``."""
+    missing = [key for key in REQUIRED_META if key not in meta]
+    if missing:
+        raise CheckpointError(path, f"trainer state with {', '.join(REQUIRED_META)}",
+                              f"no {', '.join(missing)}")
+    for key in COUNTERS:
+        value = meta[key]
+        if type(value) is not int or value < 0:       # a bool is not a count, nor is 12.0
+            raise CheckpointError(f"{path}: {key}", "an integer >= 0", shown(value))
+    states = meta["rng"]
+    if not isinstance(states, dict):
+        raise CheckpointError(f"{path}: rng", "generator states by name (a JSON object)",
+                              shown(states))
+    for name, state in states.items():
+        check_generator_state(state, f"{path}: rng.{name}")
+    if "config" in meta and not isinstance(meta["config"], str):
+        raise CheckpointError(f"{path}: config", "the resolved config's text",
+                              shown(meta["config"]))
+    if "solver" in meta and not isinstance(meta["solver"], dict):
+        raise CheckpointError(f"{path}: solver", "the solver's scalar state (a JSON object)",
+                              shown(meta["solver"]))
+
+
+def check_generator_state(state, where: str, kind: str | None = None) -> None:
+    """``state`` must be a numpy bit generator's (``kind``'s, when given): it is tried on a
+    scratch generator of its kind, which checks every field the way restoring will."""
+    saved = state.get("bit_generator") if isinstance(state, dict) else None
+    if kind is not None and saved != kind:
+        raise CheckpointError(where, f"a {kind} state", shown(saved))
+    bit_generator = getattr(np.random, saved, None) if isinstance(saved, str) else None
+    if not (isinstance(bit_generator, type) and issubclass(bit_generator, np.random.BitGenerator)
+            and bit_generator is not np.random.BitGenerator):
+        raise CheckpointError(where, "a numpy bit generator's state ({\"bit_generator\": "
+                              "\"PCG64\", \"state\": ...})", shown(state))
+    try:
+        bit_generator().state = state
+    except Exception as error:      # numpy raises TypeError, KeyError, OverflowError, ...
+        raise CheckpointError(where, f"a valid {saved} state", f"{shown(state)} "
+                              f"({type(error).__name__}: {one_line(error)})") from None
 
 
 def jsonable(value):
@@ -333,32 +397,103 @@ def read_trainer(path: Path) -> dict:
     except json.JSONDecodeError as error:
         raise CheckpointError(path, expected, f"invalid JSON ({error.msg} at line "
                               f"{error.lineno} column {error.colno})") from None
+    except (ValueError, RecursionError) as error:     # an integer of over 4300 digits, nesting
+        raise CheckpointError(path, expected, f"unreadable JSON ({one_line(error)})") from None
     except OSError as error:
         raise CheckpointError(path, expected, error) from None
     if not isinstance(data, dict):
         raise CheckpointError(path, expected, f"a JSON {type(data).__name__}")
     if data.get("format") != FORMAT:
         raise CheckpointError(path, f"format {FORMAT!r}", repr(data.get("format")))
-    missing = [key for key in REQUIRED_META if key not in data]
-    if missing:
-        raise CheckpointError(path, f"keys {', '.join(REQUIRED_META)}", f"no {', '.join(missing)}")
     del data["format"]
+    check_meta(data, path)
     return data
 
 
-def restore_rngs(generators: dict, states: dict) -> None:
+def restore_rngs(generators: dict, states: dict, source=None) -> None:
     """Set each ``np.random.Generator`` in ``generators`` to ``states[name]`` (``meta["rng"]``);
-    all are checked before any is changed."""
+    all are checked (on scratch generators of the same kind) before any is changed, so a garbage
+    state is a CheckpointError and leaves every generator as it was. ``source`` (the file the
+    states came from) only makes the messages say where."""
+    prefix = f"{source}: " if source else ""
+    if not isinstance(states, dict):
+        raise CheckpointError(f"{prefix}rng", "generator states by name", shown(states))
     for name, generator in generators.items():
         if name not in states:
-            raise CheckpointError(f"rng.{name}", "a saved generator state",
-                                  f"none (saved: {', '.join(states) or 'none'})")
-        kind = type(generator.bit_generator).__name__
-        saved = states[name].get("bit_generator") if isinstance(states[name], dict) else None
-        if saved != kind:
-            raise CheckpointError(f"rng.{name}", f"a {kind} state", repr(saved))
+            raise CheckpointError(f"{prefix}rng.{name}", "a saved generator state",
+                                  f"none (saved: {', '.join(map(str, states)) or 'none'})")
+        check_generator_state(states[name], f"{prefix}rng.{name}",
+                              type(generator.bit_generator).__name__)
     for name, generator in generators.items():
         generator.bit_generator.state = states[name]
+
+
+# -- retention -------------------------------------------------------------------------------------
+def prune_checkpoints(run_dir, keep: int, best: str | None) -> list[Path]:
+    """Delete the ``iter-<number>`` checkpoints of ``run_dir`` except the newest ``keep`` (by
+    iteration number, not file time), the one tagged ``best`` (such as ``"iter-0000050"``; None
+    for none) and, whatever ``keep`` says, the one ``latest`` names. Returns the directories
+    removed, oldest first.
+
+    Safe against what crashes leave:
+
+    - Only complete checkpoints (all of weights.npz, state.npz, trainer.json) count toward
+      ``keep``, so an incomplete ``iter-*`` directory (not something ``save_checkpoint`` makes:
+      it renames whole directories into place) never displaces a good one; it is removed.
+    - Other names are never touched: tags that are not ``iter-<number>``, ``latest``, and the
+      ``.tmp-``/``.old-`` leftovers of an interrupted save (an ``.old-`` one may be the only copy
+      of what ``latest`` names; ``clean_leftovers`` deals with them at the next save).
+    - If ``latest`` exists but cannot be read as a tag, nothing is removed: which checkpoint a
+      resume would take is then unknown.
+    - Each victim is renamed to ``<tag>.tmp-<pid>`` (atomic), the renames made durable, and only
+      then deleted: a process killed mid-delete leaves a leftover the next save removes, never a
+      half-deleted directory under a checkpoint's name.
+
+    A directory that cannot be renamed is a CheckpointError naming it, raised once those before
+    it are deleted. ``keep`` must be an integer >= 0.
+    """
+    if type(keep) is not int or keep < 0:
+        raise ValueError(f"keep must be an integer >= 0, not {keep!r}")
+    run_dir = Path(run_dir)
+    protected = {best} if best else set()
+    latest = run_dir / LATEST
+    if latest.exists():
+        try:
+            tag = latest.read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            return []
+        if not TAG.fullmatch(tag) or tag == LATEST:
+            return []
+        protected.add(tag)
+    checkpoints = []
+    for entry in run_dir.iterdir() if run_dir.is_dir() else ():
+        match = ITERATION_TAG.fullmatch(entry.name)
+        if match and entry.is_dir() and not entry.is_symlink():
+            checkpoints.append((int(match["number"]), entry.name, entry))
+    checkpoints.sort()
+    complete = [c for c in checkpoints
+                if all((c[2] / name).is_file() for name in (WEIGHTS, STATE, TRAINER))]
+    kept = {entry for _, _, entry in complete[max(len(complete) - keep, 0):]} if keep else set()
+    doomed = [entry for _, name, entry in checkpoints
+              if entry not in kept and name not in protected]
+    aside, failure = [], None
+    for entry in doomed:
+        scratch = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
+        try:
+            shutil.rmtree(scratch, ignore_errors=True)   # a failed prune's, in this process
+            os.replace(entry, scratch)
+        except OSError as error:
+            failure = CheckpointError(entry, "a checkpoint directory that can be removed",
+                                      one_line(error))
+            break
+        aside.append(scratch)
+    if aside:
+        fsync_directory(run_dir)
+    for scratch in aside:
+        shutil.rmtree(scratch, ignore_errors=True)   # what stays is a leftover the next save takes
+    if failure is not None:
+        raise failure
+    return doomed
 
 
 # -- applying --------------------------------------------------------------------------------------

@@ -120,3 +120,13 @@ def test_wrong_image_size_and_missing_root_are_config_errors(tmp_path):
     with pytest.raises(ConfigError) as error:
         make_dataset("cifar10", "train", root=tmp_path / "missing")
     assert_one_line(error, "data.root")
+
+
+def test_a_batch_bigger_than_host_memory_names_the_file(tmp_path, monkeypatch):
+    from minilms.datasets import base
+    write_cifar(tmp_path)
+    monkeypatch.setattr(base, "available_memory", lambda: 7000)       # 2 records, not 3
+    with pytest.raises(DatasetError) as error:
+        make_dataset("cifar10", "train", root=tmp_path)
+    assert_one_line(error, f"{tmp_path / 'data_batch_2.bin'}: expected data that fits in host "
+                           "memory (6.8 KiB available), found a file of 9.0 KiB")

@@ -155,3 +155,21 @@ def test_empty_or_missing_folders_and_missing_size(tmp_path):
     with pytest.raises(ConfigError) as error:
         make_dataset("imagefolder", "train", root=tmp_path, image_size=8, num_classes=3)
     assert_one_line(error, "data.num_classes")
+
+
+def test_a_cache_too_big_for_host_memory_names_image_size(tmp_path, monkeypatch):
+    from minilms.datasets import base
+    for i, label in enumerate("ab"):
+        write_png(tmp_path / label / "0.png", random_rgb(i))
+        write_png(tmp_path / label / "1.png", random_rgb(i + 2))
+    with pytest.raises(ConfigError) as error:             # each image alone is 28 TiB
+        make_dataset("imagefolder", "train", root=tmp_path, image_size=3_000_000, cache=False)
+    assert_one_line(error, "data.image_size: expected a data set that fits in host memory "
+                           "(1 image of 3x3000000x3000000 = 24.6 TiB;", "found 3000000")
+    monkeypatch.setattr(base, "available_memory", lambda: 10_000)
+    with pytest.raises(ConfigError) as error:             # four cached 64x64 images: 48 KiB
+        make_dataset("imagefolder", "train", root=tmp_path, image_size=64)
+    assert_one_line(error, "data.image_size:", "(4 images of 3x64x64 = 48.0 KiB; 9.8 KiB "
+                           "available), found 64; or set data.cache: false")
+    ds = make_dataset("imagefolder", "train", root=tmp_path, image_size=32, cache=False)
+    assert ds.get([0])[0].shape == (1, 3, 32, 32)         # one at a time fits

@@ -116,6 +116,45 @@ def test_trailing_bytes_are_an_error(tmp_path):
     assert_one_line(error, paths["test_labels"], "trailing")
 
 
+@pytest.mark.parametrize("dims", [(2**32 - 1,) * 3, (2**22, 2**21, 2**21)],
+                         ids=["product 2^96", "product 2^64, 0 in int64"])
+def test_dimensions_whose_product_overflows_name_the_file(tmp_path, dims):
+    """Sizes are uint32: three of them multiply past 2^64, where numpy's int64 product wraps
+    (to a wrong byte count, or to 0, which an empty payload then "matches")."""
+    paths = write_mnist(tmp_path)
+    header = (2051).to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in dims)
+    paths["train_images"].write_bytes(header + bytes(100 if dims[0] == 2**32 - 1 else 0))
+    with pytest.raises(DatasetError) as error:
+        make_dataset("mnist", "train", root=tmp_path)
+    payload, product = (100 if dims[0] == 2**32 - 1 else 0), dims[0] * dims[1] * dims[2]
+    assert_one_line(error, f"{paths['train_images']}: expected image dimensions whose product "
+                           f"fits the file ({payload} data bytes after the header), found "
+                           f"dimensions {'x'.join(map(str, dims))} (product {product})")
+
+
+def test_a_file_bigger_than_host_memory_names_the_file(tmp_path, monkeypatch):
+    from minilms.datasets import base
+    paths = write_mnist(tmp_path, gz=True)
+    monkeypatch.setattr(base, "available_memory", lambda: 100)
+    with pytest.raises(DatasetError) as error:
+        make_dataset("mnist", "train", root=tmp_path)
+    assert_one_line(error, f"{paths['train_images']}: expected data that fits in host memory "
+                           "(100 B available), found a file of ", " KiB")
+
+
+def test_a_gzip_that_inflates_past_host_memory_names_the_file(tmp_path, monkeypatch):
+    paths = write_mnist(tmp_path, gz=True)
+
+    def inflate_too_much(data):
+        raise MemoryError
+
+    monkeypatch.setattr("minilms.datasets.mnist.gzip.decompress", inflate_too_much)
+    with pytest.raises(DatasetError) as error:
+        make_dataset("mnist", "train", root=tmp_path)
+    assert_one_line(error, f"{paths['train_images']}: expected a gzip file whose contents fit in "
+                           "host memory (", "available), found MemoryError")
+
+
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
 def test_wrong_magic_names_the_file_and_both_numbers(tmp_path, gz):
     paths = write_mnist(tmp_path, gz)

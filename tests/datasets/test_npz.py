@@ -113,6 +113,35 @@ def test_malformed_arrays_name_the_file(tmp_path, arrays, fragment):
     assert_one_line(error, path, fragment)
 
 
+@pytest.mark.parametrize("content, found", [
+    (b"x,y\n1,2\n3,4\n", "a file that is not a zip archive (it begins b'x,y\\n1,2\\n3,4\\n')"),
+    (b"", "a file that is not a zip archive (an empty file)"),
+    (b"\x89PNG\r\n\x1a\n", "a file that is not a zip archive (it begins b'\\x89PNG"),
+])
+def test_a_file_that_is_not_a_zip_is_named_as_such_not_as_a_pickle(tmp_path, content, found):
+    """numpy tries anything that is neither .npz nor .npy as a pickle, and says so: a CSV
+    renamed .npz must be called what it is, with no word of pickles."""
+    path = tmp_path / "data.npz"
+    path.write_bytes(content)
+    with pytest.raises(DatasetError) as error:
+        make_dataset("npz", "train", root=path)
+    message = assert_one_line(error, f"{path}: expected an .npz (zip) archive of plain arrays, "
+                                     f"found {found}")
+    assert "pickle" not in message
+
+
+def test_an_array_bigger_than_host_memory_is_refused_from_its_header(tmp_path, monkeypatch):
+    from minilms.datasets import base
+    path = tmp_path / "data.npz"
+    np.savez_compressed(path, x=np.zeros((6, 3, 64, 64), np.uint8), y=LABELS)   # 72 KiB inflated
+    monkeypatch.setattr(base, "available_memory", lambda: 50_000)
+    assert path.stat().st_size < 50_000
+    with pytest.raises(DatasetError) as error:
+        make_dataset("npz", "train", root=path)
+    assert_one_line(error, f"{path}: expected data that fits in host memory (48.8 KiB "
+                           "available), found x [6, 3, 64, 64] uint8 of 72.0 KiB")
+
+
 def test_truncated_archive_names_the_file(tmp_path):
     path = save(tmp_path, x=NCHW, y=LABELS)
     path.write_bytes(path.read_bytes()[:100])

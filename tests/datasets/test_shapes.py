@@ -124,3 +124,50 @@ def test_unknown_split_is_a_config_error():
     with pytest.raises(ConfigError) as error:
         small("test")
     assert_one_line(error, "split", "train or val")
+
+
+# -- a split that cannot fit in host memory is the config's mistake, named by its key ---------
+@pytest.mark.parametrize("split, options, key, found, what", [
+    ("train", {"image_size": 100_000, "train_size": 4000}, "data.image_size", 100_000,
+     "4000 images of 3x100000x100000 = 109.1 TiB"),
+    ("train", {"train_size": 10**12}, "data.train_size", 10**12,
+     "1000000000000 images of 3x32x32 = 2.7 PiB"),
+    ("val", {"val_size": 10**12, "channels": 1}, "data.val_size", 10**12,
+     "1000000000000 images of 1x32x32 = 931.3 TiB"),
+])
+def test_a_split_too_big_for_host_memory_names_the_key(split, options, key, found, what):
+    """Checked before anything is allocated: numpy's MemoryError traceback (or a cache the
+    kernel kills the process for filling) becomes one line naming the data.* key."""
+    with pytest.raises(ConfigError) as error:
+        make_dataset("shapes", split, **options)
+    message = assert_one_line(error, f"{key}: expected a data set that fits in host memory "
+                                     f"({what}; ", " available), found " + str(found))
+    assert message.endswith(f"found {found}")
+
+
+def test_the_key_blamed_is_the_one_that_made_the_split_big(monkeypatch):
+    from minilms.datasets import base
+    monkeypatch.setattr(base, "available_memory", lambda: 10**6)     # about 1 MB free
+    assert len(small(image_size=32)) == 64                           # 192 KiB: fits
+    with pytest.raises(ConfigError) as error:
+        small(image_size=128)                                        # 3 MiB: the size's fault
+    assert_one_line(error, "data.image_size:", "(64 images of 3x128x128 = 3.0 MiB; 976.6 KiB "
+                                               "available), found 128")
+    with pytest.raises(ConfigError) as error:
+        small(train_size=1000)                                       # 2.9 MiB at 32x32
+    assert_one_line(error, "data.train_size:", "found 1000")
+
+
+def test_a_memory_error_while_allocating_is_the_same_one_line_error(monkeypatch):
+    """The host said nothing (or said enough) and the allocation failed anyway."""
+    from minilms.datasets import base
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 109. TiB")
+
+    monkeypatch.setattr(base, "available_memory", lambda: None)
+    monkeypatch.setattr(base.CachedDataset, "__init__", out_of_memory)
+    with pytest.raises(ConfigError) as error:
+        small(image_size=64)
+    assert_one_line(error, "data.image_size: expected a data set that fits in host memory "
+                           "(64 images of 3x64x64 = 768.0 KiB), found 64")
