@@ -193,7 +193,8 @@ class Trainer:
         apply_weights(self.parameters(), checkpoint.weights, source=str(checkpoint.path))
         apply_weights(state, checkpoint.state, source=str(checkpoint.path))
         meta = checkpoint.meta
-        restore_rngs({"dropout": self.executor.rng}, meta["rng"])
+        restore_rngs({"dropout": self.executor.rng}, meta["rng"],
+                     source=checkpoint.path / "trainer.json")
         best = meta.get("best")
         self.best = (best["val_accuracy"], best["tag"]) if isinstance(best, dict) else None
         self.executor.iteration = meta["iteration"]
