@@ -22,12 +22,13 @@ arrived.
 Each ``Step`` lists the blobs it reads, writes (every element, old contents not needed), updates
 (reads then writes) and uses as workspace. Those lists are the whole truth the planner works from.
 """
+import inspect
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .errors import ConfigError, did_you_mean
-from .layers import LAYERS, Layer
+from .layers import LAYERS, Layer, ShapeError
 
 RESERVED_KEYS = ("name", "type", "bottom", "top")
 
@@ -69,22 +70,42 @@ def as_list(value) -> list:
     return [value] if isinstance(value, str) else list(value or [])
 
 
+def blob_names(value, key: str) -> list[str]:
+    """A layer's ``bottom`` or ``top``: one blob name or a list of them. Anything else is refused
+    here: a number is not iterable and a mapping iterates as its keys, so either would otherwise
+    surface as a wrong complaint further on."""
+    if value is None or isinstance(value, str):
+        return as_list(value)
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return list(value)
+    raise ConfigError(key, "a blob name or a list of blob names (strings)", value)
+
+
+def layer_options(kind: str) -> list[str]:
+    """The options a layer type takes: its constructor's keyword arguments."""
+    return [p for p in inspect.signature(LAYERS[kind].__init__).parameters
+            if p not in ("self", "name", "bottom", "top")]
+
+
 def build_layer(spec: dict, where: str) -> Layer:
+    """The layer ``spec`` describes; ``where`` names it in errors (``model.layers[3] (conv2)``).
+    A bad option value is the layer's ShapeError; a missing or unknown option, or a value the
+    layer chokes on without saying which (a TypeError, a ValueError), is a ConfigError here."""
     if not isinstance(spec, dict) or "type" not in spec or "name" not in spec:
         raise ConfigError(where, "a layer with a name and a type", spec)
     kind, name = spec["type"], spec["name"]
     if kind not in LAYERS:
         raise ConfigError(f"{where}.type", f"a layer type ({', '.join(sorted(LAYERS))})", kind,
                           hint=did_you_mean(kind, LAYERS))
+    bottom = blob_names(spec.get("bottom"), f"{where}.bottom")
+    top = blob_names(spec.get("top"), f"{where}.top")
     options = {k: v for k, v in spec.items() if k not in RESERVED_KEYS}
     try:
-        return LAYERS[kind](name, as_list(spec.get("bottom")), as_list(spec.get("top")), **options)
-    except TypeError as error:
+        return LAYERS[kind](name, bottom, top, **options)
+    except (TypeError, ValueError) as error:
         unknown = [k for k in options if f"'{k}'" in str(error)]
-        if unknown:
-            import inspect
-            accepted = [p for p in inspect.signature(LAYERS[kind].__init__).parameters
-                        if p not in ("self", "name", "bottom", "top")]
+        if isinstance(error, TypeError) and unknown:
+            accepted = layer_options(kind)
             raise ConfigError(f"{where}.{unknown[0]}", f"an option of {kind} "
                               f"({', '.join(accepted)})", options[unknown[0]],
                               hint=did_you_mean(unknown[0], accepted)) from None
@@ -94,47 +115,89 @@ def build_layer(spec: dict, where: str) -> Layer:
 class Net:
     """``Net(layer_specs, inputs)``: ``inputs`` maps each input blob to ``(shape, dtype)``."""
 
-    def __init__(self, layer_specs: list[dict], inputs: dict, where: str = "model.layers"):
-        self.specs, self.where = layer_specs, where
+    def __init__(self, layer_specs: list[dict], inputs: dict, where: str = "model.layers",
+                 listed: bool = True):
+        """``where`` names the layers in errors: the config key of their list (``model.layers``),
+        or, with ``listed=False``, what made them when the config does not list them (a zoo
+        model's: ``model.zoo (lenet)``)."""
+        self.specs, self.where, self.listed = layer_specs, where, listed
         self.inputs = {name: (tuple(shape), np.dtype(dtype))
                        for name, (shape, dtype) in inputs.items()}
-        built = [build_layer(spec, f"{where}[{i}]") for i, spec in enumerate(layer_specs)]
+        built = []
+        for i, spec in enumerate(layer_specs):
+            named = isinstance(spec, dict) and "name" in spec
+            try:
+                built.append(build_layer(spec, self._named(i, spec["name"]) if named
+                                         else f"{where}[{i}]"))
+            except ShapeError as error:
+                raise self._config_error(error, i, spec["name"], spec["type"]) from None
         names = [layer.name for layer in built]
         for i, name in enumerate(names):
             if names.index(name) != i:
                 raise ConfigError(f"{where}[{i}].name", "a layer name used once", name)
-        self.layers = self._ordered(built, where)
+        self.layers = self._ordered(built)
         self.layer = {layer.name: layer for layer in self.layers}
         self.blobs: dict[str, BlobInfo] = {
             name: BlobInfo(name, shape, dtype, "input")
             for name, (shape, dtype) in self.inputs.items()}
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             shapes = [self.blobs[b].shape for b in layer.bottom]
             dtype = np.dtype(np.float32)
-            for top, shape in zip(layer.top, layer.setup(shapes)):
+            try:
+                top_shapes = layer.setup(shapes)
+            except ShapeError as error:
+                raise self._config_error(error, i, layer.name, layer.type) from None
+            for top, shape in zip(layer.top, top_shapes):
                 if top not in layer.bottom:
                     self.blobs[top] = BlobInfo(top, tuple(shape), dtype, "activation")
                 elif tuple(shape) != self.blobs[top].shape:
-                    raise ConfigError(f"layer {layer.name}.top", f"a new blob name: {layer.type} "
-                                      f"changes the shape {self.blobs[top].shape} -> "
-                                      f"{tuple(shape)}, so it cannot work in place", top)
+                    raise ConfigError(f"{self._named(i, layer.name)}.top", f"a new blob name: "
+                                      f"{layer.type} changes the shape {self.blobs[top].shape} "
+                                      f"-> {tuple(shape)}, so it cannot work in place", top)
         self._check_in_place()
         self.backward_layers = self._backward_layers()
         self.loss_blobs = [ly.top[0] for ly in self.layers if ly.is_loss]
 
+    def _named(self, index: int, name) -> str:
+        """Layer ``index`` as errors name it: by its place in the config's list and its name
+        (``model.layers[3] (conv2)``: the index finds the line, the name the layer), or, for
+        layers the config does not list, by name (``model.zoo (lenet): layer conv2``)."""
+        return f"{self.where}[{index}] ({name})" if self.listed else f"{self.where}: layer {name}"
+
+    def _config_error(self, error: ShapeError, index: int, name, kind: str) -> ConfigError:
+        """A layer's ShapeError as a ConfigError keyed where the config says what went wrong: the
+        option (``model.layers[3] (conv2).stride``), the bottom or top list (a wrong count), or
+        the layer itself for a shape it cannot take (``model.layers[3] (conv2): bottom 0 (pool1):
+        expected ...``). A ShapeError keeps only its message (``layer NAME (TYPE): WHAT: expected
+        ..., found ...``), so it is split where ShapeError joined it."""
+        rest = str(error).removeprefix(f"layer {name} ({kind}): ")
+        what, worded, detail = rest.partition(": expected ")
+        expected, _, found = detail.partition(", found ")
+        if not worded:                  # not worded as ShapeError words it: kept whole
+            key, detail = self._named(index, name), rest
+        elif what in layer_options(kind):
+            key = f"{self._named(index, name)}.{what}"
+        elif what in ("bottoms", "tops"):
+            key = f"{self._named(index, name)}.{what[:-1]}"
+        else:
+            key = f"{self._named(index, name)}: {what}"
+        located = ConfigError(key, expected, found)
+        located.args = (f"{key}: {'expected ' if worded else ''}{detail}",)
+        return located
+
     def with_inputs(self, inputs: dict) -> "Net":
         """The same layers for other input shapes (a smaller last batch): a net of its own, since
         layers size their buffers and workspace at set-up."""
-        return Net(self.specs, inputs, self.where)
+        return Net(self.specs, inputs, self.where, self.listed)
 
     # -- structure -------------------------------------------------------------------------------
-    def _ordered(self, layers: list[Layer], where: str) -> list[Layer]:
+    def _ordered(self, layers: list[Layer]) -> list[Layer]:
         """Check the config order is an execution order (Caffe's rule: each bottom is an input or
         made by an earlier layer) and that no blob is made twice, except in place."""
         made_by: dict[str, Layer] = {}
         position = {layer.name: i for i, layer in enumerate(layers)}
         for i, layer in enumerate(layers):
-            here = f"{where}[{i}] ({layer.name})"
+            here = self._named(i, layer.name)
             for bottom in layer.bottom:
                 if bottom in self.inputs or bottom in made_by:
                     continue
@@ -179,16 +242,15 @@ class Net:
 
     def _check_in_place(self) -> None:
         for index, layer in enumerate(self.layers):
+            here = f"{self._named(index, layer.name)}.top"
             for blob in set(layer.top) & set(layer.bottom):
                 if "bottom" in layer.backward_reads:
-                    raise ConfigError(f"layer {layer.name}.top", f"a new blob name: {layer.type} "
-                                      "reads its bottom in backward, so it cannot work in place",
-                                      blob)
+                    raise ConfigError(here, f"a new blob name: {layer.type} reads its bottom in "
+                                      "backward, so it cannot work in place", blob)
                 for reader in self.layers[:index]:
                     if blob in reader.bottom and "bottom" in reader.backward_reads:
-                        raise ConfigError(f"layer {layer.name}.top", f"a new blob name: "
-                                          f"{reader.name} needs {blob} unchanged for its backward",
-                                          blob)
+                        raise ConfigError(here, f"a new blob name: {reader.name} needs {blob} "
+                                          "unchanged for its backward", blob)
 
     def _backward_layers(self) -> set:
         """Layers whose backward runs: they lead to a learnable parameter (forwards) and feed a

@@ -107,7 +107,7 @@ def mutated(change):
      "did you mean 'b1'?"),
     (lambda layers: layers[0].update(type="Convolutoin"), "did you mean 'Convolution'?"),
     (lambda layers: layers[0].update(kernal_size=3),
-     "model.layers[0].kernal_size: expected an option of Convolution"),
+     "model.layers[0] (conv1).kernal_size: expected an option of Convolution"),
     (lambda layers: layers.insert(0, layers.pop(3)),
      "model.layers[0] (conv2).bottom: expected a blob from an "
      "earlier layer: list bn1 (at 2) before conv2, found 'b1'"),
@@ -136,10 +136,10 @@ def test_in_place_after_a_reader_that_needs_the_old_value_is_refused():
 
 
 @pytest.mark.parametrize("layer, message", [
-    (conv("conv2", "c1", "c1", 4), "layer conv2.top: expected a new blob name: Convolution reads "
-     "its bottom in backward, so it cannot work in place, found 'c1'"),
+    (conv("conv2", "c1", "c1", 4), "model.layers[1] (conv2).top: expected a new blob name: "
+     "Convolution reads its bottom in backward, so it cannot work in place, found 'c1'"),
     ({"name": "bn", "type": "BatchNorm", "bottom": "c1", "top": "c1"},
-     "layer bn.top: expected a new blob name: BatchNorm reads its bottom"),
+     "model.layers[1] (bn).top: expected a new blob name: BatchNorm reads its bottom"),
     ({"name": "shrink", "type": "Pooling", "bottom": "c1", "top": "c1", "pool": "max",
       "kernel_size": 2},
      "Pooling changes the shape (2, 4, 8, 8) -> (2, 4, 4, 4), so it cannot work in place"),

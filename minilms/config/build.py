@@ -42,8 +42,13 @@ def input_shapes(config, batch: int | None = None) -> dict:
 
 
 def build_net(config, batch: int | None = None) -> Net:
-    return Net(model_layers(config, num_classes(config)), input_shapes(config, batch),
-               where="model.layers")
+    """The config's net. Its errors name the config key to change: ``model.layers[3] (conv2)
+    .stride`` for a listed layer; a zoo model's layers are not in the file, so theirs name
+    ``model.zoo`` (``model.zoo (lenet): layer conv2: ...``), which ``config_error_line`` locates."""
+    layers, shapes = model_layers(config, num_classes(config)), input_shapes(config, batch)
+    if config.model.layers is not None:
+        return Net(layers, shapes, where="model.layers")
+    return Net(layers, shapes, where=f"model.zoo ({config.model.zoo})", listed=False)
 
 
 def lms_policy(config) -> Policy:

@@ -20,17 +20,24 @@ item keeps its line and column (``Origin.marks``); and only plain values are bui
 numbers, booleans, null, lists, mappings), never objects. The loader also reads ``1e-3`` as a
 float (YAML 1.1 wants ``1.0e-3``), and the dumper quotes such strings so they round-trip.
 
-Every error is a ``ConfigError``: missing file, directory, bad UTF-8, YAML syntax (with PyYAML's
-line and column), empty file, top level not a mapping, unknown key (with a did-you-mean), wrong
-type or value, settings that contradict each other, malformed or unknown overrides.
+Every error is a ``ConfigError``: missing file, directory or device, a file over 1 MiB (a config
+is a few KiB), bad UTF-8, YAML syntax (with PyYAML's line and column), empty file, top level not a
+mapping, unknown key (with a did-you-mean), wrong type or value, settings that contradict each
+other, malformed or unknown overrides. Characters that would not show (a zero-width space in a
+key) are escaped in the message; an override's value YAML reread (``yes``) is shown as written.
 """
 import copy
+import functools
+import os
+import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
 
 from ..errors import ConfigError, did_you_mean
+from ..sizes import format_bytes
 from .schema import SCHEMA, Invalid, Section, check_together
 from .yaml_source import (
     ConfigDumper,
@@ -40,25 +47,58 @@ from .yaml_source import (
     compose,
     config_error,
     join_key,
+    printable,
     split_key,
     unknown_key,
 )
 
 __all__ = ["Config", "load_config", "config_error_line", "ConfigLoader", "ConfigDumper"]
 
+MAX_CONFIG_BYTES = 2**20     # a config is a few KiB; more is a wrong path (a log, a disk image)
+_LIMIT = f"{MAX_CONFIG_BYTES // 2**20} MiB"
+# what a config path must not be: reading a device may never end (/dev/zero) or have effects
+_NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _refuse_non_file(mode: int, label: str) -> None:
+    for test, what in _NOT_FILES:
+        if test(mode):
+            raise config_error(label, "", "a YAML config file", None, found_text=what)
+
+
+def _read_bytes(path, label: str) -> bytes:
+    """The bytes at ``path``: a regular file or a pipe (a shell's ``<(...)``), never more than
+    ``MAX_CONFIG_BYTES`` of it. A device or a directory is refused before it is opened, and what
+    was opened is checked again, in case the path changed in between."""
+    _refuse_non_file(os.stat(path).st_mode, label)
+    with open(path, "rb") as file:
+        info = os.fstat(file.fileno())
+        _refuse_non_file(info.st_mode, label)
+        if stat.S_ISREG(info.st_mode) and info.st_size > MAX_CONFIG_BYTES:
+            found = f"a file of {format_bytes(info.st_size)}"
+        else:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+            found = f"more than {_LIMIT}" if len(data) > MAX_CONFIG_BYTES else ""
+    if found:
+        raise config_error(label, "", f"a YAML config file of at most {_LIMIT}", None,
+                           found_text=found)
+    return data
+
+
 def _read(path) -> tuple[dict, Origin]:
     origin = Origin(str(path))
-    label, file = origin.file, Path(path)
-    if file.is_dir():
-        raise config_error(label, "", "a YAML config file", None, found_text="a directory")
+    label = origin.file
     try:
-        text = file.read_bytes().decode("utf-8-sig")
+        text = _read_bytes(path, label).decode("utf-8-sig")
     except FileNotFoundError:
         raise config_error(label, "", "a YAML config file", None,
                            found_text="no such file") from None
     except OSError as error:
         raise config_error(label, "", "a readable YAML config file", None,
                      found_text=error.strerror or type(error).__name__) from None
+    except ConfigError:                                 # not a file, or too big
+        raise
     except UnicodeDecodeError as error:
         bad_byte = error.object[error.start]
         raise config_error(label, "", "UTF-8 text", None,
@@ -85,7 +125,8 @@ def _apply_override(tree: dict, text: str, origin: Origin) -> None:
     segments = split_key(key.strip())
     if not equals or not segments:
         raise config_error(source, "", "key.path=value, like train.max_iters=20", text)
-    value = compose(value_text, source, None, key.strip())
+    written: dict = {}
+    value = compose(value_text, source, None, functools.reduce(join_key, segments, ""), written)
     value = None if value is Ellipsis else value
     section, container, path = SCHEMA, tree, ""
     for depth, segment in enumerate(segments):
@@ -110,7 +151,7 @@ def _apply_override(tree: dict, text: str, origin: Origin) -> None:
             raise config_error(source, path, f"a mapping with a key {segment!r}", container)
         if last:
             container[segment] = value
-            origin.overridden(here, source)
+            origin.overridden(here, source, written)
             return
         container, path = container[segment], here
 
@@ -144,7 +185,18 @@ def _resolve(section: Section, raw, path: str, origin: Origin) -> dict:
 def _invalid(error: Invalid, path: str, origin: Origin) -> ConfigError:
     key = path + error.at
     return config_error(origin.locate(key), key, error.expected, error.found, error.hint,
-                  error.found_text)
+                        error.found_text or _as_written(key, error.found, origin))
+
+
+def _as_written(key: str, found, origin: Origin) -> str:
+    """An override's text where YAML read it as something that shows differently (``yes`` as
+    True, ``1e-3`` as 0.001), quoted: ``found 'yes'`` says what the user typed, and there is
+    no line in a file to look at. "" where ``repr(found)`` already shows it (text, null)."""
+    text, value = origin.written.get(key, (None, None))
+    if text is None or isinstance(found, str) or found is None or type(found) is not type(value) \
+            or found != value or text == repr(found):
+        return ""
+    return repr(text)
 
 
 def load_config(path, overrides=()) -> "Config":
@@ -165,14 +217,27 @@ def load_config(path, overrides=()) -> "Config":
     return Config(values, origin)
 
 
+# what a key says for people, not for locating: a layer's name after its index, "(conv2)"
+_NOTE = re.compile(r" \([^()]*\)")
+
+
+def _key_path(key: str) -> str:
+    """The config path an error's key names: ``model.layers[3] (conv2).stride`` ->
+    ``model.layers[3].stride``; ``model.zoo (lenet): layer conv2: bottom 0`` -> ``model.zoo``."""
+    return _NOTE.sub("", key).split(": ")[0]
+
+
 def config_error_line(error: BaseException, config: "Config") -> str:
     """``error`` as one line. A ConfigError without a source (the net builder's, say) is located
     where its key's value was written (or the nearest key above a path that is not in the file),
-    or named by the override that set it; any other error is only flattened to one line."""
+    or named by the override that set it; any other error is only flattened to one line. What
+    is not printable (in a key or a layer name the user wrote) is escaped, not flattened."""
     message = str(error)
-    if isinstance(error, ConfigError) and not error.source:
-        message = f"{config._origin.locate(error.key)}: {message}"
-    return " ".join(message.split())
+    if isinstance(error, ConfigError):
+        if not error.source:
+            message = f"{config._origin.locate(_key_path(error.key))}: {message}"
+        message = printable(message)
+    return printable(" ".join(message.split()))
 
 
 class Config(Mapping):

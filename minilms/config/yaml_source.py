@@ -53,6 +53,14 @@ for _cls in (ConfigLoader, ConfigDumper):   # on these classes only: yaml's own 
     _cls.add_implicit_resolver(_TAG + "float", _EXPONENT_FLOAT, list("-+0123456789."))
 
 
+def printable(text: str) -> str:
+    """``text`` with each character that would not show as itself escaped the way ``repr`` does
+    (``lr\\u200b``, ``\\xa0``, ``\\t``): a key with a zero-width or no-break space then looks
+    different from the key it imitates, and a line break in a name cannot split a one-line
+    message. Idempotent: what it writes is printable."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def config_error(where: str, key: str, expected: str, found, hint: str = "", found_text: str = ""):
     """A ConfigError; ``found_text`` words a finding that is a description, not a value."""
     error = ConfigError(key, expected, found, where or None, hint)
@@ -60,6 +68,7 @@ def config_error(where: str, key: str, expected: str, found, hint: str = "", fou
         parts = [part for part in (where, key) if part]
         error.args = (": ".join(parts + [f"expected {expected}, found "
                                          f"{found_text or repr(found)}{hint}"]),)
+    error.args = (printable(str(error)),)
     return error
 
 
@@ -67,7 +76,7 @@ def unknown_key(where: str, key: str, known, name_key: bool = True):
     word = key.rsplit(".", 1)[-1]
     hint = did_you_mean(word, known) or f"; known keys: {', '.join(known)}"
     error = ConfigError(key, "a known key", word, where, hint)
-    error.args = (f"{where}: {key + ': ' if name_key else ''}unknown key{hint}",)
+    error.args = (printable(f"{where}: {key + ': ' if name_key else ''}unknown key{hint}"),)
     return error
 
 
@@ -95,11 +104,14 @@ def split_key(path: str) -> list | None:
 class Origin:
     """Where each value came from. ``marks`` maps the path of every key and list item written in
     the file to its 1-based (line, column); ``value_marks`` does the same for scalar values, which
-    is where an error about the value points; ``overrides`` maps a path to the override that set it.
+    is where an error about the value points; ``overrides`` maps a path to the override that set it,
+    and ``written`` each scalar an override set to ``(text as written, value YAML read)``: an error
+    shows the text where YAML changed it (``yes`` read as true), there being no line to look at.
     """
 
     def __init__(self, file: str):
         self.file, self.marks, self.value_marks, self.overrides = file, {}, {}, {}
+        self.written: dict = {}
         self.values: dict = {}      # the resolved config, once there is one
 
     def locate(self, path: str, at_value: bool = True, overrides: bool = True) -> str:
@@ -116,19 +128,25 @@ class Origin:
                 return self.file
             node = _parent(node)
 
-    def overridden(self, path: str, source: str) -> None:
+    def overridden(self, path: str, source: str, written: dict) -> None:
+        """``path`` was set by the override ``source``; ``written``: its scalars' texts."""
         self.overrides[path] = source
         below = (path + ".", path + "[")
-        for written in [p for p in self.marks if p == path or p.startswith(below)]:
-            del self.marks[written]
-            self.value_marks.pop(written, None)
+        for mark in [p for p in self.marks if p == path or p.startswith(below)]:
+            del self.marks[mark]
+            self.value_marks.pop(mark, None)
+        for earlier in [p for p in self.written if p == path or p.startswith(below)]:
+            del self.written[earlier]
+        self.written.update(written)
 
 
 class _Converter:
-    """Plain Python values from a composed node, recording marks in ``origin`` (for a file)."""
+    """Plain Python values from a composed node, recording marks in ``origin`` (for a file), or
+    in ``written`` each scalar's text and value (for an override)."""
 
-    def __init__(self, loader, label: str, origin: Origin | None):
+    def __init__(self, loader, label: str, origin: Origin | None, written: dict | None = None):
         self.loader, self.label, self.origin, self.budget = loader, label, origin, MAX_VALUES
+        self.written = written
         self.inside: set = set()      # ids of the collections being converted: an alias cycle
 
     def where(self, node) -> str:
@@ -156,9 +174,14 @@ class _Converter:
             return node.value       # a date is just text to a config (a run name, say)
         if isinstance(node, ScalarNode) and node.tag in _PLAIN_SCALARS:
             try:
-                return self.loader.construct_object(node)
+                value = self.loader.construct_object(node)
             except (yaml.YAMLError, ValueError):      # e.g. !!int abc
                 pass
+            else:
+                if self.written is not None:
+                    start, end = node.start_mark, node.end_mark
+                    self.written[path] = (start.buffer[start.pointer:end.pointer], value)
+                return value
         raise config_error(self.where(node), path, "a plain YAML value (no tags)", None,
                      found_text=f"{node.tag.replace(_TAG, '!!')} {node.value!r}"
                      if isinstance(node, ScalarNode) else node.tag.replace(_TAG, "!!"))
@@ -202,13 +225,16 @@ def _position(node) -> tuple:
     return node.start_mark.line + 1, node.start_mark.column + 1
 
 
-def compose(text: str, label: str, origin: Origin | None, path: str = ""):
-    """The value in ``text`` (at key ``path``), or ``...`` (Ellipsis) when there is none."""
+def compose(text: str, label: str, origin: Origin | None, path: str = "",
+            written: dict | None = None):
+    """The value in ``text`` (at key ``path``), or ``...`` (Ellipsis) when there is none.
+    ``written`` (for an override) receives each scalar's text and value by key path."""
     loader = None
     try:
         loader = ConfigLoader(text)     # already reads: a NUL byte fails here
         node = loader.get_single_node()
-        return Ellipsis if node is None else _Converter(loader, label, origin).value(node, path)
+        return Ellipsis if node is None else \
+            _Converter(loader, label, origin, written).value(node, path)
     except yaml.YAMLError as error:
         raise _syntax_error(error, text, label, origin is not None) from None
     except RecursionError:
@@ -220,8 +246,14 @@ def compose(text: str, label: str, origin: Origin | None, path: str = ""):
 
 
 def _syntax_error(error: yaml.YAMLError, text: str, label: str, with_lines: bool) -> ConfigError:
-    """PyYAML's problem and position, reworded into one ``expected ..., found ...`` line."""
+    """PyYAML's problem and position, reworded into one ``expected ..., found ...`` line. The
+    position is where the problem was found, unless that is the end of the text: an unclosed
+    quote or bracket runs to the end, so the cause is where it opened (PyYAML's context mark)."""
     mark = getattr(error, "problem_mark", None)
+    context_mark = getattr(error, "context_mark", None)
+    at_end = mark is not None and not text[mark.index:].strip()
+    if at_end and context_mark is not None:
+        mark = context_mark
     if isinstance(error, yaml.reader.ReaderError):
         line = text.count("\n", 0, error.position)
         column = error.position - (text.rfind("\n", 0, error.position) + 1)
@@ -237,5 +269,9 @@ def _syntax_error(error: yaml.YAMLError, text: str, label: str, with_lines: bool
         expected, found = f"valid YAML ({context[9:]})", found[10:]
     elif match := _BUT_FOUND.fullmatch(found):
         expected, found = f"valid YAML ({match.group(1)})", match.group(2)
+    elif at_end and "quoted scalar" in context:
+        expected = "valid YAML (a closing quote" + (
+            " for the quoted text that starts here)" if with_lines else ")")
+        found = f"the end of the {'file' if with_lines else 'value'}"
     found = found.removeprefix("found ")
     return config_error(where, "", expected, None, found_text=" ".join(found.split()))
