@@ -40,6 +40,8 @@ class ShapeError(MinilmsError):
     expected and what was found."""
 
     def __init__(self, layer, what: str, expected: str, found):
+        # kept apart too, so the net builder can say where in the config ``what`` was written
+        self.what, self.expected, self.found = what, expected, found
         super().__init__(f"layer {layer.name} ({layer.type}): {what}: expected {expected}, "
                          f"found {found}")
 

@@ -168,21 +168,16 @@ class Net:
         """A layer's ShapeError as a ConfigError keyed where the config says what went wrong: the
         option (``model.layers[3] (conv2).stride``), the bottom or top list (a wrong count), or
         the layer itself for a shape it cannot take (``model.layers[3] (conv2): bottom 0 (pool1):
-        expected ...``). A ShapeError keeps only its message (``layer NAME (TYPE): WHAT: expected
-        ..., found ...``), so it is split where ShapeError joined it."""
-        rest = str(error).removeprefix(f"layer {name} ({kind}): ")
-        what, worded, detail = rest.partition(": expected ")
-        expected, _, found = detail.partition(", found ")
-        if not worded:                  # not worded as ShapeError words it: kept whole
-            key, detail = self._named(index, name), rest
-        elif what in layer_options(kind):
-            key = f"{self._named(index, name)}.{what}"
+        expected ...``)."""
+        what, here = error.what, self._named(index, name)
+        if what in layer_options(kind):
+            key = f"{here}.{what}"
         elif what in ("bottoms", "tops"):
-            key = f"{self._named(index, name)}.{what[:-1]}"
+            key = f"{here}.{what[:-1]}"
         else:
-            key = f"{self._named(index, name)}: {what}"
-        located = ConfigError(key, expected, found)
-        located.args = (f"{key}: {'expected ' if worded else ''}{detail}",)
+            key = f"{here}: {what}"
+        located = ConfigError(key, error.expected, error.found)
+        located.args = (f"{key}: expected {error.expected}, found {error.found}",)
         return located
 
     def with_inputs(self, inputs: dict) -> "Net":

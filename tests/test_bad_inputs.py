@@ -23,6 +23,8 @@ from minilms.commands.plan import main as plan_main
 from minilms.commands.train import main as train_main
 from minilms.trace.command import main as trace_main
 
+from .conftest import CUDA_SIMULATED
+
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = (ROOT / "configs" / "quickstart.yaml").read_text()
 MAINS = {"train": train_main, "plan": plan_main, "trace": trace_main}
@@ -50,6 +52,38 @@ def quick(tmp_path, *extra) -> list:
 def idx(array: np.ndarray, magic: int) -> bytes:
     return struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *array.shape) + \
         array.tobytes()
+
+
+def written(path: Path, content) -> Path:
+    """``path`` (its folders made) holding ``content``, text or bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    return path
+
+
+def saved(path: Path, **arrays) -> Path:
+    np.savez(path, **arrays)
+    return path
+
+
+def mnist(tmp_path, images: bytes) -> list:
+    """An MNIST folder with these image-file bytes and a good label file."""
+    root = tmp_path / "mnist"
+    written(root / "train-images-idx3-ubyte", images)
+    written(root / "train-labels-idx1-ubyte", idx(np.zeros(2, np.uint8), 2049))
+    return quick(tmp_path, "data.dataset=mnist", f"data.root={root}", "data.channels=1",
+                 "data.image_size=28", "data.augment.crop_padding=0", "data.num_classes=null",
+                 "model.layers[12].num_output=10")
+
+
+def cifar(tmp_path) -> Path:
+    """A CIFAR-10 folder whose batches are each five bytes short of two records."""
+    for i in range(1, 6):
+        written(tmp_path / "cifar" / f"data_batch_{i}.bin", bytes(3073 * 2 - 5))
+    return tmp_path / "cifar"
 
 
 def npz_data(tmp_path, labels=None, name="data.npz") -> Path:
@@ -150,10 +184,10 @@ CASES = [
      ["bad.yaml:", "model.layers[0]", "kernel_size"]),
     ("bottom a number", "plan",
      lambda t: [config(t, ("bottom: pool3, top: fc", "bottom: 7, top: fc"))],
-     ["bad.yaml:", "model.layers[12].bottom"]),
+     ["bad.yaml:", "model.layers[12] (fc).bottom"]),
     ("top a mapping", "plan",
      lambda t: [config(t, ("bottom: pool3, top: fc", "bottom: pool3, top: {a: fc}"))],
-     ["bad.yaml:", "model.layers[12].top"]),
+     ["bad.yaml:", "model.layers[12] (fc).top"]),
     ("unclosed quote on line 1", "train",
      lambda t: [config(t, text='name: "quick\n' + QUICKSTART.split("\nseed", 1)[1])],
      ["bad.yaml:1:"]),
@@ -181,12 +215,9 @@ CASES = [
      ["bad.yaml:", "device.link"]),
     ("device kind unknown", "train", lambda t: [config(t, ("kind: cpu", "kind: tpu"))],
      ["bad.yaml:", "device.kind"]),
-    ("cuda without a GPU", "train",
-     lambda t: [config(t, ("kind: cpu", "kind: cuda")), "device.link=null", *QUICK],
-     ["device.kind", "GPU"]),
     ("prefetch yes", "train",
      lambda t: [config(t, ("policy: auto", "policy: auto\n  prefetch: yes"))],
-     ["bad.yaml:", "lms.prefetch", "yes"]),
+     ["bad.yaml:47:13", "lms.prefetch"]),   # the line shows what was written
     ("solver unknown", "train", lambda t: [config(t, ("type: sgd", "type: rmsprop"))],
      ["bad.yaml:", "solver.type"]),
     ("image size too large for memory", "train",
@@ -196,7 +227,7 @@ CASES = [
      ["data.train_size"]),
     ("more classes than the classifier has", "train",
      lambda t: [config(t, name="quick.yaml"), "data.num_classes=8", *QUICK],
-     ["quick.yaml:", "model.layers[13].num_output"]),
+     ["quick.yaml:", "model.layers[12].num_output"]),
     # -- overrides --------------------------------------------------------------------------
     ("override without =", "train", lambda t: quick(t, "solver.lr"), ["solver.lr"]),
     ("override of an unknown key", "train", lambda t: quick(t, "solver.lrr=1"), ["solver.lrr"]),
@@ -216,48 +247,36 @@ CASES = [
     ("--resume of a file", "train", lambda t: quick(t, "--resume", config(t, name="f.yaml")),
      ["--resume"]),
     ("--resume of a directory that holds no run", "train",
-     lambda t: (t / "empty").mkdir() or quick(t, "--resume", str(t / "empty")), ["--resume"]),
+     lambda t: quick(t, "--resume", str(written(t / "empty" / "x", "x").parent)), ["--resume"]),
     ("plan --link inf", "plan", lambda t: [config(t), "--link", "inf"], ["--link"]),
     ("plan --link abc", "plan", lambda t: [config(t), "--link", "abc"], ["--link"]),
     # -- run directories --------------------------------------------------------------------
     ("run_dir a file", "train", lambda t: quick(t, f"run_dir={config(t, name='f.yaml')}"),
      ["run_dir", "f.yaml"]),
     ("run_dir full of other things", "train",
-     lambda t: (t / "full").mkdir() or (t / "full" / "x").write_text("x") or
-     quick(t, f"run_dir={t / 'full'}"), ["run_dir", "full"]),
+     lambda t: quick(t, f"run_dir={written(t / 'full' / 'x', 'x').parent}"), ["run_dir", "full"]),
     ("run_dir holding a run with checkpoints", "train",
      lambda t: quick(t, f"run_dir={trained_run(t)}"), ["run_dir", "--resume"]),
     # -- data files -------------------------------------------------------------------------
     ("a CSV named .npz", "train",
-     lambda t: (t / "d.npz").write_text("a,b\n1,2\n") or with_npz(t, t / "d.npz"),
-     ["d.npz"]),
+     lambda t: with_npz(t, written(t / "d.npz", "a,b\n1,2\n")), ["d.npz"]),
     ("an npz without its arrays", "train",
-     lambda t: np.savez(t / "d.npz", nothing=np.zeros(3)) or with_npz(t, t / "d.npz"),
-     ["d.npz"]),
+     lambda t: with_npz(t, saved(t / "d.npz", nothing=np.zeros(3))), ["d.npz"]),
     ("an npz of pickled objects", "train",
-     lambda t: np.savez(t / "d.npz", x_train=np.array([{}], dtype=object), y_train=np.zeros(1))
-     or with_npz(t, t / "d.npz"), ["d.npz"]),
+     lambda t: with_npz(t, saved(t / "d.npz", x_train=np.array([{}], dtype=object),
+                                 y_train=np.zeros(1))), ["d.npz"]),
     ("labels the classifier has no output for", "train",
-     lambda t: with_npz(t, npz_data(t, labels=np.arange(64) % 9)), ["num_output"]),
+     lambda t: with_npz(t, npz_data(t, labels=np.arange(64) % 9), "data.num_classes=null"),
+     ["quick.yaml:", "model.layers[12].num_output"]),
     ("an IDX file with the wrong magic", "train",
-     lambda t: (t / "mnist").mkdir() or (t / "mnist" / "train-images-idx3-ubyte").write_bytes(
-         idx(np.zeros((2, 28, 28), np.uint8), 1234)) or (
-         t / "mnist" / "train-labels-idx1-ubyte").write_bytes(idx(np.zeros(2, np.uint8), 2049))
-     or quick(t, "data.dataset=mnist", f"data.root={t / 'mnist'}", "data.channels=1",
-              "data.image_size=28", "data.augment.crop_padding=0"),
+     lambda t: mnist(t, idx(np.zeros((2, 28, 28), np.uint8), 1234)),
      ["train-images-idx3-ubyte"]),
     ("an IDX header past 2^64", "train",
-     lambda t: (t / "mnist").mkdir() or (t / "mnist" / "train-images-idx3-ubyte").write_bytes(
-         struct.pack(">IIII", 2051, 2**32 - 1, 2**32 - 1, 2**32 - 1)) or (
-         t / "mnist" / "train-labels-idx1-ubyte").write_bytes(idx(np.zeros(2, np.uint8), 2049))
-     or quick(t, "data.dataset=mnist", f"data.root={t / 'mnist'}", "data.channels=1",
-              "data.image_size=28", "data.augment.crop_padding=0"),
+     lambda t: mnist(t, struct.pack(">IIII", 2051, 2**32 - 1, 2**32 - 1, 2**32 - 1)),
      ["train-images-idx3-ubyte"]),
     ("a truncated CIFAR-10 batch", "train",
-     lambda t: (t / "cifar").mkdir() or [
-         (t / "cifar" / f"data_batch_{i}.bin").write_bytes(bytes(3073 * 2 - 5))
-         for i in range(1, 6)]
-     and quick(t, "data.dataset=cifar10", f"data.root={t / 'cifar'}"), ["data_batch_1.bin"]),
+     lambda t: quick(t, "data.dataset=cifar10", f"data.root={cifar(t)}", "data.num_classes=null",
+                     "model.layers[12].num_output=10"), ["data_batch_1.bin"]),
     ("an image folder that is not there", "train",
      lambda t: quick(t, "data.dataset=imagefolder", f"data.root={t / 'nowhere'}",
                      "data.num_classes=null"), ["data.root"]),
@@ -277,13 +296,13 @@ CASES = [
     ("init_weights that are not there", "train",
      lambda t: quick(t, f"init_weights={t / 'none.npz'}"), ["none.npz"]),
     ("init_weights of another model", "train",
-     lambda t: np.savez(t / "w.npz", **{"conv1.weight": np.zeros((2, 2, 2, 2), np.float32)})
-     or quick(t, f"init_weights={t / 'w.npz'}"), ["w.npz", "conv1.weight"]),
+     lambda t: quick(t, "init_weights=" + str(saved(
+         t / "w.npz", **{"conv1.weight": np.zeros((2, 2, 2, 2), np.float32)}))), ["w.npz"]),
     # -- trace files ------------------------------------------------------------------------
     ("a trace that is not JSON", "trace",
-     lambda t: (t / "t.json").write_text("{oops") or [str(t / "t.json")], ["t.json"]),
+     lambda t: [str(written(t / "t.json", "{oops"))], ["t.json"]),
     ("a JSON file that is no trace", "trace",
-     lambda t: (t / "t.json").write_text('{"a": 1}') or [str(t / "t.json")], ["t.json"]),
+     lambda t: [str(written(t / "t.json", '{"a": 1}'))], ["t.json"]),
     ("a trace that is not there", "trace", lambda t: [str(t / "none.json")], ["none.json"]),
     ("a trace event with a string offset", "trace",
      lambda t: trace_file(t, lambda d: first_event("alloc")(d)[4].update(offset="0x10")),
@@ -329,6 +348,23 @@ def test_a_broken_input_is_one_line_exit_2_and_leaves_nothing(name, command, bui
         assert word in lines[0], f"{word!r} not in {lines[0]!r}"
     assert snapshot(inputs) == before, "the inputs changed"
     assert snapshot(work) == {}, f"left behind: {snapshot(work)}"
+
+
+@pytest.mark.skipif(CUDA_SIMULATED is False, reason="a real GPU is present: cuda is no mistake")
+def test_cuda_without_a_gpu_is_one_line(tmp_path):
+    """Without the simulator (which the suite turns on, and under which cuda trains), as a
+    user without a GPU runs it."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    argv = [config(tmp_path, ("kind: cpu", "kind: cuda")), "device.link=null", *QUICK, "--quiet"]
+    done = subprocess.run([sys.executable, "-m", "minilms.train", *argv], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300,
+                          env={**env, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(
+        "bad.yaml:41:9: device.kind: expected a CUDA GPU (none is present; use cpu or auto), "
+        "found 'cuda'"), lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
 
 
 @pytest.mark.parametrize("name", ["zero stride", "--lms inf", "a trace that is not JSON"])

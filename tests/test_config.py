@@ -66,7 +66,7 @@ def test_a_minimal_config_gets_every_default(tmp_path):
                                 "milestones": [], "warmup_iters": 0, "min_lr": 0.0}},
         "distributed": {"lr_scaling": "none", "timeout": 300.0, "overlap": True},
         "train": {"epochs": 1, "max_iters": None, "eval_every": 1, "checkpoint_every": 1,
-                  "log_every": 10},
+                  "log_every": 10, "keep_checkpoints": 3, "on_nonfinite_loss": "stop"},
     }
 
 
@@ -188,6 +188,8 @@ TYPE_CASES = [
     ("train.eval_every", "daily", "an integer >= 0", "'daily'"),
     ("train.checkpoint_every", "-1", "an integer >= 0", "-1"),
     ("train.log_every", "0", "an integer >= 1", "0"),
+    ("train.keep_checkpoints", "0", "an integer >= 1", "0"),
+    ("train.on_nonfinite_loss", "ignore", "stop or continue", "'ignore'"),
 ]
 
 

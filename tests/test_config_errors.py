@@ -110,8 +110,8 @@ def test_layer_keys_still_name_the_layer_for_a_net_built_from_code():
 
 
 def test_an_option_value_a_layer_cannot_convert_is_one_line():
-    with pytest.raises(ConfigError, match=r"^model.layers\[0\] \(sum\): expected the options "
-                                          r"Eltwise needs \(could not convert"):
+    with pytest.raises(ConfigError, match=r"^model.layers\[0\] \(sum\).coeffs: expected a list "
+                                          r"of finite numbers, one per bottom, found \['a', 'b'\]"):
         Net([{"name": "sum", "type": "Eltwise", "bottom": ["data", "data"], "top": "s",
               "coeffs": ["a", "b"]}], {"data": ((1, 4), np.float32)})
 

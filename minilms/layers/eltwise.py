@@ -5,6 +5,8 @@ Backward: ``dbottom_i = coeff_i * dtop``. It reads no forward blob at all, so LM
 for it.
 Only ``operation: sum`` exists: product and max are not used by the nets minilms builds.
 """
+import math
+
 from ..kernels.elementwise import eltwise_sum, scale
 from .base import Layer, ShapeError, register
 
@@ -19,6 +21,11 @@ class Eltwise(Layer):
         super().__init__(name, bottom, top)
         if operation != "sum":
             raise ShapeError(self, "operation", "'sum'", repr(operation))
+        if coeffs is not None and (not isinstance(coeffs, (list, tuple)) or not all(
+                isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c)
+                for c in coeffs)):
+            raise ShapeError(self, "coeffs", "a list of finite numbers, one per bottom",
+                             repr(coeffs))
         self.coeffs = [1.0] * len(self.bottom) if coeffs is None else [float(c) for c in coeffs]
         if len(self.coeffs) != len(self.bottom):
             raise ShapeError(self, "coeffs", f"{len(self.bottom)} coefficients", len(self.coeffs))

@@ -54,6 +54,9 @@ def test_eltwise_sum_with_coefficients(kind):
 def test_eltwise_errors():
     with pytest.raises(ShapeError, match=r"layer l \(Eltwise\): coeffs: expected 2 coefficients"):
         make("Eltwise", ("a", "b"), coeffs=[1.0])
+    for bad in (["a", "b"], [1.0, float("nan")], "1, 2", [True, 1.0]):
+        with pytest.raises(ShapeError, match="coeffs: expected a list of finite numbers"):
+            make("Eltwise", ("a", "b"), coeffs=bad)
     with pytest.raises(ShapeError, match="operation: expected 'sum'"):
         make("Eltwise", ("a", "b"), operation="prod")
     with pytest.raises(ShapeError, match=r"bottom 1 \(b\): expected the shape of bottom 0"):
