@@ -429,13 +429,12 @@ def test_what_the_checks_accept_every_reader_can_read(small_document, tmp_path):
 def test_the_checks_name_every_field_the_folds_and_plans_hold():
     """The file checks list the totals' and plans' fields by hand: they must be the fold's and
     PlanInfo's own, or a new field would load unchecked (or a good file be refused)."""
-    import importlib
     from dataclasses import fields
 
+    from minilms.trace import file_format
     from minilms.trace.fold import Fold, PlanInfo
-    record_module = importlib.import_module("minilms.trace.record")   # the package's "record"
-    assert set(record_module.TOTALS_FIELDS) == set(Fold({}).to_json())
-    assert set(record_module.PLAN_FIELDS) == {f.name for f in fields(PlanInfo)} - {"live"}
+    assert set(file_format.TOTALS_FIELDS) == set(Fold({}).to_json())
+    assert set(file_format.PLAN_FIELDS) == {f.name for f in fields(PlanInfo)} - {"live"}
 
 
 # -- long runs, cost --------------------------------------------------------------------------
