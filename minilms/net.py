@@ -24,6 +24,7 @@ Each ``Step`` lists the blobs it reads, writes (every element, old contents not 
 """
 import inspect
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -40,8 +41,9 @@ class BlobInfo:
     dtype: np.dtype
     role: str
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
+        """Computed once: the planner asks for it millions of times per plan search."""
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
@@ -263,8 +265,9 @@ class Net:
                     feeds_loss.update(layer.bottom)
             else:
                 wants.discard(layer.name)
+        made = {t for ly in self.layers if ly.name in wants for t in ly.top}   # one pass: the
         self.grad_blobs = {b for ly in self.layers if ly.name in wants for b in ly.bottom
-                           if any(b in p.top for p in self.layers if p.name in wants)}
+                           if b in made}       # planner's deepest nets have thousands of layers
         return wants
 
     # -- blobs and the schedule ------------------------------------------------------------------

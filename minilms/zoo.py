@@ -1,4 +1,5 @@
-"""The model zoo: layer lists for LeNet, ResNet-18/34/50/101/152 and GoogLeNet.
+"""The model zoo: layer lists for LeNet, ResNet-18/34/50/101/152, GoogLeNet and the
+pre-activation ResNet-1001 (for CIFAR-sized images).
 
 Each function returns the ``model.layers`` list a config would hold, ending in a SoftmaxWithLoss
 named ``loss`` and an Accuracy named ``accuracy`` over the inputs ``data`` and ``label``. ``width``
@@ -95,6 +96,50 @@ def resnet(depth: int = 18, num_classes: int = 1000, width: int = 1) -> list:
     return b.head(top, num_classes)
 
 
+def preact_resnet(depth: int = 1001, num_classes: int = 10, width: int = 1) -> list:
+    """He et al.'s pre-activation ResNet for 32x32 CIFAR images ("Identity Mappings in Deep
+    Residual Networks", 2016; their released resnet-pre-act.lua): a 3x3 convolution to 16
+    channels, then three stages of ``(depth - 2) / 9`` bottleneck units (111 for ResNet-1001)
+    of widths 16, 32 and 64 (outputs 64, 128 and 256, at 32x32, 16x16 and 8x8), then BN, ReLU,
+    global average pooling and the classifier. A unit is BN-ReLU-conv1x1, BN-ReLU-conv3x3,
+    BN-ReLU-conv1x1 added to its input unchanged; the first unit of a stage changes the width
+    (and, from the second stage, halves the size in its first 1x1), so its BN-ReLU comes first
+    and feeds both its convolutions and a 1x1 projection shortcut. Convolutions have no bias
+    (BN follows each): ResNet-1001 has the paper's 10.2M convolution weights (10.3M learnable
+    parameters with BN's scales and shifts and the classifier).
+
+    Deep on purpose: 3,340 layers and 8,683 steps of small blobs, the planner's test of depth."""
+    if depth < 11 or (depth - 2) % 9:
+        raise ValueError(f"pre-activation ResNet depth must be 9n + 2 (164, 1001), found {depth}")
+    units = (depth - 2) // 9
+    b = _Builder(width)
+
+    def bn_relu(name, bottom):
+        top = b.add(name, "BatchNorm", bottom)
+        b.layers.append({"name": f"{name}_relu", "type": "ReLU", "bottom": top, "top": top})
+        return top
+
+    def conv(name, bottom, out, kernel, stride=1):
+        return b.add(name, "Convolution", bottom, num_output=b.channels(out), kernel_size=kernel,
+                     stride=stride, pad=kernel // 2, bias=False)
+
+    top = conv("conv1", "data", 16, 3)
+    in_channels = 16
+    for stage, out in enumerate((64, 128, 256)):
+        planes = out // 4
+        for unit in range(units):
+            name = f"res{stage + 2}_{unit + 1}"
+            stride = 2 if stage > 0 and unit == 0 else 1
+            x = bn_relu(f"{name}_bn1", top)
+            shortcut = top if in_channels == out else conv(f"{name}_proj", x, out, 1, stride)
+            x = conv(f"{name}_1", x, planes, 1, stride)
+            x = conv(f"{name}_2", bn_relu(f"{name}_bn2", x), planes, 3)
+            x = conv(f"{name}_3", bn_relu(f"{name}_bn3", x), out, 1)
+            top = b.add(name, "Eltwise", [shortcut, x])
+            in_channels = out
+    return b.head(bn_relu("post_bn", top), num_classes)
+
+
 # (1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool projection) per inception block
 INCEPTION = {"3a": (64, 96, 128, 16, 32, 32), "3b": (128, 128, 192, 32, 96, 64),
              "4a": (192, 96, 208, 16, 48, 64), "4b": (160, 112, 224, 24, 64, 64),
@@ -130,4 +175,4 @@ def googlenet(num_classes: int = 1000, width: int = 1) -> list:
 MODELS = {"lenet": lenet, "resnet18": lambda **kw: resnet(18, **kw),
           "resnet34": lambda **kw: resnet(34, **kw), "resnet50": lambda **kw: resnet(50, **kw),
           "resnet101": lambda **kw: resnet(101, **kw), "resnet152": lambda **kw: resnet(152, **kw),
-          "googlenet": googlenet}
+          "googlenet": googlenet, "resnet1001": lambda **kw: preact_resnet(1001, **kw)}

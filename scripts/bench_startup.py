@@ -17,6 +17,8 @@ every process, warm or not (the script lists them, read from the sources). ``dat
 default: the validation pass at the end of a run comes after the first step, and would otherwise
 be counted in it. ``import only`` times ``python -c "import minilms.commands.train,
 minilms.training.trainer"`` with the warm cache: what a process pays before it reads the config.
+``planning`` times ``python -m minilms.plan CONFIG OVERRIDES --summary`` with the warm cache:
+what start-up spends planning LMS for the config (not in ``--smoke``).
 
 With ``--repeat R`` the whole sequence (cold t(1), warm t(1), warm t(1+N), import) runs R times,
 each with its own fresh cache directory; the best of each column is reported (the machine may be
@@ -89,6 +91,14 @@ def train_time(config, overrides, iters, cache_dir, scratch) -> float:
     return timed(command, dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir)))
 
 
+def plan_time(config, overrides, cache_dir) -> float:
+    """``python -m minilms.plan CONFIG OVERRIDES --summary``, whole process: what start-up
+    spends planning (the trainer plans the same schedule in the same pool), and then some (the
+    command also searches the least pool and plans again without prefetch)."""
+    command = [sys.executable, "-m", "minilms.plan", str(config), *overrides, "--summary"]
+    return timed(command, dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir)))
+
+
 def import_time(cache_dir) -> float:
     return timed([sys.executable, "-c", "import minilms.commands.train, minilms.training.trainer"],
                  dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir)))
@@ -147,18 +157,19 @@ def main(argv=None) -> int:
                 warm2 = None if args.smoke else train_time(config, overrides, 1 + more, cache,
                                                            scratch)
                 imports = None if args.smoke else import_time(cache)
-                rows.append((cold, warm, warm2, imports))
+                planned = None if args.smoke else plan_time(config, overrides, cache)
+                rows.append((cold, warm, warm2, imports, planned))
         except RuntimeError as error:
             print(f"bench_startup: a training run failed: {error}", file=sys.stderr)
             return 1
     later = f"warm t({1 + more}) s"
     print(f"\n{'run':<10} {'cold t(1) s':>12} {'warm t(1) s':>12} {later:>12} "
           f"{'one step s':>11} {'import only s':>14}")
-    for i, (cold, warm, warm2, imports) in enumerate(rows, 1):
+    for i, (cold, warm, warm2, imports, _) in enumerate(rows, 1):
         step = None if warm2 is None else (warm2 - warm) / more
         print(f"{i:<10} {fmt(cold):>12} {fmt(warm):>12} {fmt(warm2):>12} {fmt(step):>11} "
               f"{fmt(imports):>14}")
-    best = [min((r[k] for r in rows if r[k] is not None), default=None) for k in range(4)]
+    best = [min((r[k] for r in rows if r[k] is not None), default=None) for k in range(5)]
     step = None if best[2] is None else (best[2] - best[1]) / more
     print(f"{'best':<10} {fmt(best[0]):>12} {fmt(best[1]):>12} {fmt(best[2]):>12} "
           f"{fmt(step):>11} {fmt(best[3]):>14}")
@@ -169,6 +180,9 @@ def main(argv=None) -> int:
     print(f"\ntime to the first step: cold {best[0]:.2f} s, warm {best[1]:.2f} s; one step "
           f"{fmt(step)} s ({how}); compiling with an empty cache costs "
           f"{best[0] - best[1]:.2f} s")
+    if best[4] is not None:
+        print(f"planning: python -m minilms.plan {shown} {' '.join(overrides)} --summary, whole "
+              f"process, warm: {best[4]:.2f} s (import only {best[3]:.2f} s)")
     print(f"after the runs: {load()}")
     jits = jit_caching()
     print(f"njit functions cached on disk (cache=True): {len(jits['cached'])}; compiled in every "

@@ -148,3 +148,39 @@ def test_in_place_is_refused_where_it_would_be_wrong(layer, message):
     with pytest.raises(ConfigError) as error:
         Net([conv("conv1", "data", "c1", 4), layer] + head("c1"), INPUTS)
     assert message in str(error.value)
+
+
+def test_blob_sizes_are_computed_once():
+    """The planner asks a blob's size millions of times per plan search: it is computed on first
+    use and kept (it was a numpy product each time), and it is still the bytes of the shape."""
+    net = Net(RESIDUAL, INPUTS)
+    info = net.blobs["c1"]
+    assert info.nbytes == 2 * 4 * 8 * 8 * 4 == info.__dict__["nbytes"]
+    assert net.blobs["label"].nbytes == 2 * np.dtype(np.int32).itemsize
+    assert info == copy.deepcopy(info) and "nbytes" not in repr(info)
+
+
+def test_resnet_1001_is_he_et_al_2016s():
+    """The pre-activation ResNet-1001 of "Identity Mappings in Deep Residual Networks": 1,001
+    weighted layers (a 3x3 convolution, 3 stages of 111 bottleneck units of three, the
+    classifier), 10.2M convolution weights as the paper counts them, outputs 64, 128 and 256
+    channels at 32x32, 16x16 and 8x8, and every unit in BN-ReLU-conv order."""
+    from minilms import zoo
+    net = Net(zoo.preact_resnet(1001, num_classes=10),
+              {"data": ((2, 3, 32, 32), np.float32), "label": ((2,), np.int32)})
+    convs = [ly for ly in net.layers if ly.type == "Convolution"]
+    fc = [ly for ly in net.layers if ly.type == "InnerProduct"]
+    shortcuts = [ly for ly in convs if ly.name.endswith("_proj")]
+    assert len(convs) - len(shortcuts) + len(fc) == 1001 and len(shortcuts) == 3
+    weights = sum(int(np.prod(p.shape)) for ly in convs for p in ly.params())
+    assert round(weights / 1e6, 1) == 10.2
+    learnable = sum(int(np.prod(p.shape)) for ly in net.layers for p in ly.params() if p.learnable)
+    assert 10.2e6 < learnable < 10.4e6          # with BN's scale and shift and the classifier
+    for unit, shape in (("res2_111", (2, 64, 32, 32)), ("res3_111", (2, 128, 16, 16)),
+                        ("res4_111", (2, 256, 8, 8))):
+        assert net.blobs[unit].shape == shape
+    order = [ly.type for ly in net.layers if ly.name.startswith("res3_5_")]
+    assert order == ["BatchNorm", "ReLU", "Convolution"] * 3
+    assert zoo.MODELS["resnet1001"](num_classes=4, width=16)[-1]["type"] == "Accuracy"
+    with pytest.raises(ValueError, match="9n"):
+        zoo.preact_resnet(1000)

@@ -1,6 +1,10 @@
 """The planner, without a device: every plan it makes passes the independent replay checker, for
 random knobs and capacities on residual and inception nets; eviction is furthest-next-use; the
-least pool is tight; errors name the step, the bytes and the capacity."""
+least pool is tight; errors name the step, the bytes and the capacity; the decisions are those of
+the planner before it was made fast, and its time per step does not grow with the net's depth."""
+import hashlib
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -10,6 +14,7 @@ from minilms import zoo
 from minilms.device.pool import ALIGNMENT
 from minilms.errors import ConfigError, PlanError
 from minilms.lms.check import check_plan
+from minilms.lms.cost import CostModel, auto_plan, simulate
 from minilms.lms.planner import (
     Liveness,
     Policy,
@@ -169,3 +174,161 @@ def test_errors_name_step_bytes_capacity():
     for bad in (dict(policy="fast"), dict(start_fraction=2.0), dict(prefetch=-1)):
         with pytest.raises(ConfigError, match=r"^lms"):
             Policy(**bad)
+
+
+
+# -- the same decisions, faster ---------------------------------------------------------------
+# Issue 18 made planning fast (liveness tables, a heap of victims, sizes computed once, the
+# pinned blobs placed once per search, candidates of ``policy: auto`` cut short once they cannot
+# win). The decisions must not change: every action, offset, reason, resident set and note is
+# digested and compared with what the planner before that work decided (these helpers, run on
+# it, recorded the digests below).
+SAME_POLICIES = {
+    "default": Policy(), "lazy": Policy(limit=1 << 40), "swap4k": Policy(min_swap_bytes=4096),
+    "keep pf2": Policy(keep_state=True, prefetch=2),
+    "reduce": Policy(reduce_grads=True, prefetch=1, limit=1 << 40, keep_state=True),
+    "sf0.3 pf3": Policy(start_fraction=0.3, prefetch=3), "off": Policy(enabled=False)}
+SAME_SCALES = (1.0, 1.25, 2.5)
+SAME_DECISIONS = {   # the planner before issue 18, per net and policy (see decisions())
+    "googlenet/32|default": "28b736ae025b09f0",
+    "googlenet/32|lazy": "a73e4bf3bd1e014a",
+    "googlenet/32|swap4k": "a79d686d5d23b496",
+    "googlenet/32|keep pf2": "286aa759254507a9",
+    "googlenet/32|reduce": "c777e31c6874a7d7",
+    "googlenet/32|sf0.3 pf3": "4c8507eef57ed02a",
+    "googlenet/32|off": "6680b6a24b766d02",
+    "lenet eval|default": "2bb478a170797f5a",
+    "lenet eval|lazy": "9cb6091a04ba5885",
+    "lenet eval|swap4k": "b00b87d2e55ca32b",
+    "lenet eval|keep pf2": "934713574cdae2f4",
+    "lenet eval|reduce": "878fa71123ca6e77",
+    "lenet eval|sf0.3 pf3": "336273b10b9a2a44",
+    "lenet eval|off": "6c60eb20f967eb92",
+    "residual+inception|default": "413d701de4c1559b",
+    "residual+inception|lazy": "c7e35ef9b9881a29",
+    "residual+inception|swap4k": "0a8ab2bc58009d15",
+    "residual+inception|keep pf2": "05c010b64ed076ce",
+    "residual+inception|reduce": "2ad6aa6246baab6f",
+    "residual+inception|sf0.3 pf3": "da10b90e650fa9c0",
+    "residual+inception|off": "affaa7eeb2831484",
+    "resnet18/16|default": "2e0a0e2bc6f9fe79",
+    "resnet18/16|lazy": "398139377cfa15d1",
+    "resnet18/16|swap4k": "3ddc59dfd158710a",
+    "resnet18/16|keep pf2": "d1af052eb0faa2fb",
+    "resnet18/16|reduce": "38e94557d0ce119d",
+    "resnet18/16|sf0.3 pf3": "1bd71ff380d4447c",
+    "resnet18/16|off": "e6007be51ec0d500",
+    "resnet18/16 adam|default": "89c3d4b4c77ec881",
+    "resnet18/16 adam|lazy": "e6f99a4b975b2c86",
+    "resnet18/16 adam|swap4k": "7702ce0b0b583c67",
+    "resnet18/16 adam|keep pf2": "4420f480c6e6055b",
+    "resnet18/16 adam|reduce": "91765c50267d3348",
+    "resnet18/16 adam|sf0.3 pf3": "71ce46d7361b5050",
+    "resnet18/16 adam|off": "ab8d91656e74db68",
+}
+AUTO_DECISIONS = {   # its plan under policy: auto, per net and pool (see auto_plan_at())
+    "resnet18/16|1.0": "e4065f58c1cfe01f",
+    "resnet18/16|1.6": "dad5ed9452cc67a8",
+    "googlenet/32|1.0": "bad6b1a205ec8790",
+    "googlenet/32|1.6": "e5186554389dcffe",
+    "residual+inception|1.0": "5fb8e9b1d0f8e816",
+    "residual+inception|1.6": "36811e5eb1b35adc",
+}
+
+
+def plan_digest(plan) -> str:
+    """Everything a plan decides, hashed: each action (with its offset and reason), the
+    prologue, the epilogue, the pinned offsets, each step's pool use and resident blobs, the
+    notes, the policy."""
+    def parts(actions):
+        return [(a.kind, a.blob, a.nbytes, a.offset, a.size, a.for_step, a.why) for a in actions]
+    whole = [plan.capacity, repr(plan.policy), sorted(plan.pinned.items()), parts(plan.prologue),
+             parts(plan.epilogue), plan.notes]
+    whole += [(parts(s.release), parts(s.demand), parts(s.prefetch), s.in_use, list(s.resident))
+              for s in plan.steps]
+    return hashlib.sha256(repr(whole).encode()).hexdigest()[:16]
+
+
+def decisions(name: str, policy_name: str) -> str:
+    """The digest of every plan of net ``name`` under one policy, at 1, 1.25 and 2.5 times its
+    least pool and at LMS off's need (a PlanError's message where none fits)."""
+    net, steps, least, everything = net_named(name)
+    digests = []
+    for capacity in [int(least * s) for s in SAME_SCALES] + [everything]:
+        try:
+            plan = make_plan(net, steps, capacity, SAME_POLICIES[policy_name])
+        except PlanError as error:
+            digests.append(str(error))
+            continue
+        check_plan(plan)
+        digests.append(plan_digest(plan))
+    return hashlib.sha256(repr(digests).encode()).hexdigest()[:16]
+
+
+def auto_plan_at(name: str, scale: float):
+    net, steps, least, _ = net_named(name)
+    return auto_plan(net, steps, int(least * scale), CostModel.for_device("cpu"))
+
+
+@pytest.mark.parametrize("case", sorted(SAME_DECISIONS))
+def test_decisions_are_those_of_the_planner_before_issue_18(case):
+    name, policy = case.split("|")
+    assert decisions(name, policy) == SAME_DECISIONS[case]
+
+
+@pytest.mark.parametrize("case", sorted(AUTO_DECISIONS))
+def test_auto_chooses_as_before_and_cuts_short_only_candidates_that_lose(case):
+    """The same plan as when every candidate was planned in full; each one cut short, planned
+    in full now, is slower than the choice or does not fit; none is both weighed and cut."""
+    name, scale = case.split("|")
+    plan = auto_plan_at(name, float(scale))
+    check_plan(plan)
+    assert plan_digest(plan) == AUTO_DECISIONS[case]
+    net, steps, least, _ = net_named(name)
+    model = CostModel.for_device("cpu")
+    chosen = simulate(plan, net, model).seconds
+    assert plan.cut_short or float(scale) == 1.0
+    for policy, step in plan.cut_short:
+        assert 0 <= step < len(steps) and policy.prefetch == 0
+        try:
+            full = make_plan(net, steps, plan.capacity, policy)
+        except PlanError:
+            continue
+        assert simulate(full, net, model).seconds > chosen
+    assert not {repr(p) for p, _ in plan.candidates} & {repr(p) for p, _ in plan.cut_short}
+
+
+def test_least_pool_is_the_largest_working_set_when_that_fits():
+    """The least pool is at least the largest working set; where a plan fits in exactly that,
+    that is the answer (one plan, no search)."""
+    for name in sorted(NETS):
+        net, steps, least, _ = net_named(name)
+        largest = max(working_set_bytes(net, s) for s in steps)
+        try:
+            make_plan(net, steps, largest)
+        except PlanError:
+            assert least > largest
+            continue
+        assert least == largest
+
+
+def test_planning_time_per_step_does_not_grow_with_depth():
+    """Each step costs what it touches, not what is resident: ResNet-50 (458 steps at width 16)
+    and the pre-activation ResNet-1001 (8,683 steps), planned lazily in a pool that holds
+    everything (the most resident blobs: the planner before issue 18 took 35 times longer per
+    step on the deeper net) and eagerly, take about the same time per step. Best of three, a
+    generous factor: the machine may be shared."""
+    def per_step(layers) -> float:
+        net = Net(layers, {"data": ((2, 3, 32, 32), np.float32), "label": ((2,), np.int32)})
+        steps = net.schedule(("momentum",))
+        everything = resident_bytes(net, steps)
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for policy in (Policy(limit=everything), Policy()):
+                make_plan(net, steps, everything, policy)
+            best = min(best, time.perf_counter() - start)
+        return best / len(steps)
+    shallow = per_step(zoo.resnet(50, num_classes=4, width=16))
+    deep = per_step(zoo.preact_resnet(1001, num_classes=4, width=16))
+    assert deep < 3 * shallow, (deep, shallow)

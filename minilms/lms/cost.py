@@ -15,19 +15,21 @@ to the copy thread or engine). The model ranks plans; the executor's trace measu
 (``min_swap_bytes``), keeping parameters and optimizer state resident or not, a soft limit of
 the whole pool or none, and LMS off where it fits, it takes the plan with the least predicted
 time; then the prefetch distance, likewise.
-Every candidate is planned in full, so the choice always fits.
+The choice is planned in full, so it always fits; a candidate that can no longer beat the best
+so far is cut short while it is planned (``auto_plan``), which does not change the choice.
 """
 import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..device.pool import ALIGNMENT
 from ..errors import PlanError
 from ..net import Net, Step
 from ..sizes import format_bytes
 from .liveness import Liveness
 from .plan import Plan, Policy
-from .planner import make_plan
+from .planner import collector_paused, make_plan, pinned_blobs
 
 GB = 1e9
 PREFETCH_CHOICES = (1, 2, 3, 4, 6, 8)
@@ -118,57 +120,133 @@ class Timeline:
 
 def simulate(plan: Plan, net: Net, model: CostModel) -> Timeline:
     """Replay ``plan`` on the two streams as described in the module docstring."""
-    copy_free = compute_end = 0.0
-    starts, ends, stalls = [], [], []
-    copies = compute = 0.0
-    for step_plan in plan.steps:
-        at = max(copy_free, compute_end)
-        for action in step_plan.release + step_plan.demand:
-            if action.copies:
-                at += model.copy_seconds(action.nbytes)
-        ready = at
-        for action in step_plan.prefetch:
-            if action.copies:
-                at += model.copy_seconds(action.nbytes)
-        copies += at - max(copy_free, compute_end)
-        copy_free = at
-        start = max(compute_end, ready)
-        seconds = model.step_seconds(net, step_plan.step)
-        compute += seconds
-        starts.append(start)
-        stalls.append(start - compute_end)
-        compute_end = start + seconds
-        ends.append(compute_end)
-    at = max(copy_free, compute_end)
-    tail = sum(model.copy_seconds(a.nbytes) for a in plan.epilogue if a.copies)
-    return Timeline(starts, ends, stalls, copies + tail, compute, at + tail)
+    times = step_times(net, [step_plan.step for step_plan in plan.steps], model)
+    streams = _Streams(model)
+    for step_plan, seconds in zip(plan.steps, times):
+        streams.step(step_plan, seconds)
+    return streams.finish(plan.epilogue)
 
 
-def _candidate(net, steps, capacity, policy, model):
-    try:
-        plan = make_plan(net, steps, capacity, policy)
-    except PlanError:
-        return None, None
-    return plan, simulate(plan, net, model).seconds
+_COPYING = frozenset(("swap_in", "swap_out", "sync"))    # the kinds with ``Action.copies``
+
+
+class _Streams:
+    """The two streams of ``simulate``, fed a step at a time: ``policy: auto`` watches each
+    candidate's time grow while it is planned, and stops one that can no longer win."""
+
+    def __init__(self, model: CostModel):
+        self.model = model
+        self.copy_free = self.compute_end = 0.0
+        self.starts, self.ends, self.stalls = [], [], []
+        self.copies = self.compute = 0.0
+        self.moved = 0            # bytes copied, either way: ``Plan.bytes_moved`` of both
+
+    def step(self, step_plan, seconds: float) -> None:
+        copy_seconds = self.model.copy_seconds
+        begin = at = max(self.copy_free, self.compute_end)
+        for actions in (step_plan.release, step_plan.demand, None, step_plan.prefetch):
+            if actions is None:       # the step's own loads are in: it may start
+                ready = at
+                continue
+            for action in actions:
+                if action.kind in _COPYING:
+                    at += copy_seconds(action.nbytes)
+                    self.moved += action.nbytes
+        self.copies += at - begin
+        self.copy_free = at
+        start = max(self.compute_end, ready)
+        self.compute += seconds
+        self.starts.append(start)
+        self.stalls.append(start - self.compute_end)
+        self.compute_end = start + seconds
+        self.ends.append(self.compute_end)
+
+    def finish(self, epilogue: list) -> Timeline:
+        at = max(self.copy_free, self.compute_end)
+        copied = [a for a in epilogue if a.kind in _COPYING]
+        self.moved += sum(a.nbytes for a in copied)
+        tail = sum(self.model.copy_seconds(a.nbytes) for a in copied)
+        return Timeline(self.starts, self.ends, self.stalls, self.copies + tail, self.compute,
+                        at + tail)
+
+
+class _CutShort(Exception):
+    """A candidate stopped while it was planned: it can no longer beat the best so far."""
+
+
+def step_times(net: Net, steps: list[Step], model: CostModel) -> list[float]:
+    """Each step's compute seconds by ``model``: the same for every plan of the schedule."""
+    return [model.step_seconds(net, step) for step in steps]
 
 
 def auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
               reduce_grads: bool = False) -> Plan:
-    """The fastest plan that fits, by the model; ``plan.candidates`` lists what was weighed.
-    ``reduce_grads`` is kept in every candidate (it is what the plan is for, not a knob)."""
-    sizes = sorted({info.nbytes for info in Liveness(net, steps).blobs.values()})
+    """The fastest plan that fits, by the model; ``plan.candidates`` lists what was weighed,
+    ``plan.cut_short`` what was stopped as it could not win.
+    ``reduce_grads`` is kept in every candidate (it is what the plan is for, not a knob).
+
+    What every candidate shares is computed once: the schedule's liveness, each step's compute
+    time, the pinned blobs' placement. Candidates that differ only in knobs with no effect (two
+    thresholds that pin the same blobs) make the same plan: it is made once. A candidate is
+    simulated while it is planned, and stopped as soon as its time so far plus the compute still
+    ahead (a lower bound on its total) is more than the best total so far: it cannot win, and
+    the rest of it is not made. The choice is the one weighing every candidate in full makes
+    (the first of the fastest, in the same order). Only candidates without prefetch are cut
+    short: one with prefetch that does not fit is planned again with less, and that could win."""
+    with collector_paused():
+        return _auto_plan(net, steps, capacity, model, reduce_grads)
+
+
+def _auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
+               reduce_grads: bool) -> Plan:
+    live = Liveness.of(net, steps)
+    times = step_times(net, steps, model)
+    ahead = [0.0] * (len(times) + 1)        # ahead[i]: the compute of steps i and on
+    for index in range(len(times) - 1, -1, -1):
+        ahead[index] = ahead[index + 1] + times[index]
+    sizes = sorted(set(live.nbytes.values()))
     thresholds = sorted({0} | {sizes[int(q * (len(sizes) - 1))] + 1 for q in THRESHOLD_QUANTILES})
-    weighed, best = [], (float("inf"), None, None)
+    weighed, cut_short, best = [], [], (float("inf"), None, None, None)
+    made: dict = {}     # what decides a plan -> its predicted seconds, or the step it was cut at
 
     def consider(policy):
         nonlocal best
         policy = replace(policy, reduce_grads=reduce_grads)
-        plan, seconds = _candidate(net, steps, capacity, policy, model)
+        same = (policy.enabled, frozenset(pinned_blobs(live, policy)),
+                policy.soft_limit(capacity - capacity % ALIGNMENT), policy.prefetch,
+                policy.reduce_grads)
+        if same in made:     # the plan is made already: an equal key never replaces the best
+            outcome = made[same]
+            (cut_short if isinstance(outcome, _CutShort) else weighed).append(
+                (policy, outcome.args[0] if isinstance(outcome, _CutShort) else outcome))
+            return
+        # the least total that still loses to the best so far, whatever rounding does to both
+        cut = None if best[3] is None or policy.prefetch else best[3] * (1 + 1e-9) + 2e-9
+        streams = None
+
+        def watch(index, step_plan):
+            nonlocal streams
+            if index == 0:             # a new plan (make_plan may start again with less prefetch)
+                streams = _Streams(model)
+            streams.step(step_plan, times[index])
+            if cut is not None and streams.compute_end + ahead[index + 1] > cut:
+                raise _CutShort(index)
+        try:
+            plan = make_plan(net, steps, capacity, policy, watch)
+        except PlanError:
+            made[same] = None
+            weighed.append((policy, None))
+            return
+        except _CutShort as stop:
+            made[same] = _CutShort(*stop.args)    # not the traceback: it holds the partial plan
+            cut_short.append((policy, stop.args[0]))
+            return
+        seconds = streams.finish(plan.epilogue).seconds
+        made[same] = seconds
         weighed.append((policy, seconds))
-        if plan is not None:
-            key = (round(seconds, 9), plan.bytes_moved("h2d") + plan.bytes_moved("d2h"))
-            if best[1] is None or key < best[0]:
-                best = (key, plan, policy)
+        key = (round(seconds, 9), streams.moved)
+        if best[1] is None or key < best[0]:
+            best = (key, plan, policy, seconds)
 
     consider(Policy(enabled=False))
     # Lazy (soft limit = the pool) moves the fewest bytes; eager (Caffe's default) fragments the
@@ -186,6 +264,7 @@ def auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
     plan = best[1]
     plan.policy = replace(plan.policy, policy="auto")
     plan.candidates = weighed
+    plan.cut_short = cut_short
     return plan
 
 

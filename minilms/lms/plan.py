@@ -56,6 +56,16 @@ class Action:
     why: str = ""                 # evictions: "dead", "furthest next use", "contiguous space",
                                   # "relocation", "soft limit", "end of iteration", "reduce"
 
+    @classmethod
+    def make(cls, kind: str, blob: str, nbytes: int, offset: int, size: int,
+             for_step: int | None = None, why: str = "") -> "Action":
+        """``Action(...)``, twice as fast: a frozen dataclass sets each field through
+        ``object.__setattr__``, and the planner makes tens of thousands of actions per plan."""
+        action = object.__new__(cls)
+        action.__dict__.update(kind=kind, blob=blob, nbytes=nbytes, offset=offset, size=size,
+                               for_step=for_step, why=why)
+        return action
+
     @property
     def copies(self) -> str | None:
         """``"h2d"``, ``"d2h"`` or None."""
@@ -77,11 +87,47 @@ class StepPlan:
     demand: list = field(default_factory=list)
     prefetch: list = field(default_factory=list)
     in_use: int = 0               # pool bytes while the step runs
-    resident: tuple = ()          # blobs in the pool while the step runs
+    # the blobs resident while the step runs: a tuple once listed, until then this step's
+    # position in ``_residents``, which lists them on request
+    _resident: object = field(default=(), repr=False, compare=False)
+    _residents: object = field(default=None, repr=False, compare=False)
 
     @property
     def actions(self) -> list:
         return self.release + self.demand + self.prefetch
+
+    @property
+    def resident(self) -> tuple:
+        """The blobs in the pool while the step runs, in the order they were placed."""
+        if type(self._resident) is int:
+            self._resident = self._residents.listed()[self._resident]
+        return self._resident
+
+
+class Residents:
+    """The blobs resident at each step of one plan, listed on first request by replaying its
+    actions (each placement enters the pool, each ``swap_out`` or ``drop`` leaves): copying the
+    pool's contents at every step as it is planned would make planning quadratic in the depth
+    of the net. It holds the plan's lists of actions, not its step plans: no reference cycle."""
+
+    def __init__(self, prologue: list):
+        self.prologue = prologue
+        self.steps: list[tuple] = []     # each step's (release, demand, prefetch)
+        self._listed: list | None = None
+
+    def listed(self) -> list[tuple]:
+        if self._listed is None:
+            placed = dict.fromkeys(a.blob for a in self.prologue if a.places)
+            self._listed = []
+            for lists in self.steps:
+                for actions in lists:
+                    for action in actions:
+                        if action.places:
+                            placed.setdefault(action.blob)
+                        elif action.frees:
+                            del placed[action.blob]
+                self._listed.append(tuple(placed))
+        return self._listed
 
 
 @dataclass
@@ -97,6 +143,8 @@ class Plan:
     host_inputs: tuple = ()               # fresh on the host each iteration
     outputs: tuple = ()                   # read by the host after the iteration
     candidates: list = field(default_factory=list)   # auto: (policy, seconds or None)
+    cut_short: list = field(default_factory=list)    # auto: (policy, step) stopped there, slower
+                                                     # than the best by then (see cost.auto_plan)
     notes: list = field(default_factory=list)        # what the planner changed, for people
 
     def actions(self):

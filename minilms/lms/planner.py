@@ -41,6 +41,10 @@ The knobs (``Policy``) and where they come from are in docs/design.md. The soft 
 the planner evicts after every step (0, the default, is Caffe's default: keep only what the next
 step needs). ``policy: auto`` is computed in ``minilms.lms.cost``.
 """
+import gc
+import heapq
+from bisect import bisect_right
+from contextlib import contextmanager
 from dataclasses import replace
 
 from ..device.pool import Pool, align_up
@@ -48,39 +52,68 @@ from ..errors import OutOfDeviceMemory, PlanError
 from ..net import Net, Step
 from ..sizes import format_bytes
 from .liveness import INFINITY, Liveness
-from .plan import Action, Plan, Policy, StepPlan
+from .plan import Action, Plan, Policy, Residents, StepPlan
+
+
+def pinned_blobs(live: Liveness, policy: Policy) -> list[str]:
+    """The blobs ``policy`` keeps in one place for the whole run, in the schedule's order."""
+    if not policy.enabled:
+        return list(live.blobs)
+    return [n for n, size in live.nbytes.items() if size < policy.min_swap_bytes
+            or (policy.keep_state and n in live.persistent)]
 
 
 # -- planning -----------------------------------------------------------------------------------
 class _Planner:
-    def __init__(self, net: Net, steps: list[Step], capacity: int, policy: Policy):
-        self.live = Liveness(net, steps)
+    """One plan: a single walk of the schedule over a planning pool.
+
+    Each step costs what it touches, not what is resident: the dead blobs after a step can only
+    be those it used or that were placed while it ran (every other resident blob was alive after
+    the previous step and has had no use since), and the evictable blobs are kept in a heap keyed
+    by (furthest next need, largest, name), re-keyed only when a step uses them, so that
+    "furthest next use first" pops the next victim instead of sorting every resident blob."""
+
+    def __init__(self, live: Liveness, capacity: int, policy: Policy, watch=None):
+        self.live, self.watch = live, watch
+        self.nbytes = live.nbytes
         self.capacity, self.policy = capacity, policy
         self.pool = Pool(capacity, report=False)
         self.soft = policy.soft_limit(self.pool.capacity)
-        blobs = self.live.blobs
-        if policy.enabled:
-            self.pinned_names = [n for n, b in blobs.items() if b.nbytes < policy.min_swap_bytes
-                                 or (policy.keep_state and n in self.live.persistent)]
-        else:
-            self.pinned_names = list(blobs)
+        self.pinned_names = pinned_blobs(live, policy)
         self.pinned = set(self.pinned_names)
-        self.resident: dict[str, object] = {}   # name -> Slot
+        self.resident: dict[str, object] = {}   # name -> Slot, in placement order
+        self.placed_at: dict[str, int] = {}      # name -> placement number: the resident order
+        self.placements = 0
+        self.placed_now: list[str] = []          # placed since the last release
+        self.heap: list[tuple] = []              # (-need, -nbytes, name, entry number)
+        self.entry: dict[str, int] = {}          # name -> its live heap entry's number
+        self.entries = 0
+        self.need: dict[str, float] = {}         # name -> its next need, as keyed in the heap
+        self.pinned_end = 0                      # pinned blobs fill [0, pinned_end)
+        self.relocated = False
         self.dirty: set = set()
         self.host_valid = set(self.live.persistent) | set(self.live.host_inputs)
         self.device_valid: set = set()
 
     def run(self) -> Plan:
         prologue = self._place_pinned()
-        plans = [StepPlan(step) for step in self.live.steps]
+        plans: list[StepPlan] = []
         pending: list[Action] = []
-        for index, step_plan in enumerate(plans):
-            step_plan.release = pending
-            self._demand(index, step_plan.demand)
-            self._prefetch(index, step_plan.prefetch)
-            step_plan.in_use = self.pool.in_use
-            step_plan.resident = tuple(self.resident)
-            self._run(index)
+        residents = Residents(prologue)
+        dirty, device_valid, host_valid = self.dirty, self.device_valid, self.host_valid
+        for index, (step, made) in enumerate(zip(self.live.steps, self.live.made)):
+            demand, prefetch = [], []
+            self._demand(index, demand)
+            self._prefetch(index, prefetch)
+            step_plan = StepPlan(step, pending, demand, prefetch, self.pool.in_use, index,
+                                 residents)
+            plans.append(step_plan)
+            residents.steps.append((pending, demand, prefetch))
+            if self.watch is not None:
+                self.watch(index, step_plan)
+            dirty.update(made)             # the step runs: what it makes is on the device only
+            device_valid.update(made)
+            host_valid.difference_update(made)
             pending = []
             self._release_after(index, pending)
         self._epilogue(pending)
@@ -92,19 +125,36 @@ class _Planner:
 
     # -- pinned blobs ---------------------------------------------------------------------------
     def _place_pinned(self) -> list[Action]:
-        prologue = []
-        for name in sorted(self.pinned_names, key=lambda n: -self.live.blobs[n].nbytes):
-            info = self.live.blobs[name]
-            try:
-                slot = self.pool.allocate(info.nbytes, name)
-            except OutOfDeviceMemory:
-                raise PlanError(self._pinned_message()) from None
-            self.resident[name] = slot
-            load = name in self.live.persistent
-            prologue.append(self._action("swap_in" if load else "alloc", name))
-            if load:
-                self.device_valid.add(name)
-        return prologue
+        """Place the pinned blobs, largest first, from the bottom of the pool up. Plans of one
+        schedule with the same pool size and pinned blobs (``policy: auto`` weighs many) start
+        from the same placement: it is made once and each plan starts from a copy."""
+        key = (self.pool.capacity, tuple(self.pinned_names))
+        made = self.live.prologues.get(key)
+        if made is None:
+            prologue = []
+            for name in sorted(self.pinned_names, key=lambda n: -self.nbytes[n]):
+                try:
+                    slot = self.pool.allocate(self.nbytes[name], name)
+                except OutOfDeviceMemory:
+                    raise PlanError(self._pinned_message()) from None
+                self._place(name, slot, -1)
+                load = name in self.live.persistent
+                prologue.append(self._action("swap_in" if load else "alloc", name))
+                if load:
+                    self.device_valid.add(name)
+            made = (self.pool.copy(), prologue, dict(self.resident), dict(self.placed_at),
+                    set(self.device_valid))
+            if len(self.live.prologues) >= 64:     # a sweep over pool sizes: keep it bounded
+                self.live.prologues.clear()
+            self.live.prologues[key] = made
+        else:
+            self.pool = made[0].copy()
+            self.resident, self.placed_at = dict(made[2]), dict(made[3])
+            self.device_valid = set(made[4])
+        self.placements = len(self.resident)
+        self.placed_now = []
+        self.pinned_end = max((slot.end for slot in self.resident.values()), default=0)
+        return list(made[1])
 
     def _pinned_message(self) -> str:
         blobs = self.live.blobs
@@ -131,14 +181,14 @@ class _Planner:
     # -- one step -------------------------------------------------------------------------------
     def _demand(self, index: int, actions: list) -> None:
         step = self.live.steps[index]
-        working = set(step.blobs)
-        names = list(dict.fromkeys(step.reads + step.updates + step.writes + step.workspace))
-        # Largest first: a big blob finds a hole before the small ones split the free space.
-        pending = sorted(names, key=lambda n: -self.live.blobs[n].nbytes)
+        working = self.live.working[index]
+        loaded = self.live.loaded[index]
+        names = self.live.placing[index]   # largest first: a big blob finds a hole before the
+        pending = list(names)              # small ones split the free space
         placements = 0
         while pending:
             name = pending.pop(0)
-            load = self.live.kind_at(name, index) in ("read", "update")
+            load = name in loaded
             if load and name not in self.host_valid and name not in self.device_valid:
                 raise PlanError(f"step {index} ({step.name}) reads {name} before any step "
                                 "writes it: the schedule is inconsistent")
@@ -148,21 +198,30 @@ class _Planner:
                     self.device_valid.add(name)
                 continue
             placements += 1
+            self.relocated = False
             if placements > 4 * len(names) or \
                     not self._allocate(name, index, working, actions, relocate=True):
                 raise PlanError(self._demand_message(index, name))
             actions.append(self._action("swap_in" if load else "alloc", name))
             if load:
                 self.device_valid.add(name)
-            # Relocation may have sent some of this step's own blobs home: bring them back.
-            pending += [n for n in names if n not in self.resident and n not in pending]
+            if self.relocated:   # some of this step's own blobs went home: bring them back
+                pending += [n for n in self._in_list_order(index)
+                            if n not in self.resident and n not in pending]
+
+    def _in_list_order(self, index: int) -> list[str]:
+        step = self.live.steps[index]
+        return list(dict.fromkeys(step.reads + step.updates + step.writes + step.workspace))
 
     def _prefetch(self, index: int, actions: list) -> None:
-        protect = set(self.live.steps[index].blobs)
-        last = min(self.live.n - 1, index + self.policy.prefetch)
+        if not self.policy.prefetch:
+            return
+        live = self.live
+        protect = set(live.working[index])
+        last = min(live.n - 1, index + self.policy.prefetch)
         for ahead in range(index + 1, last + 1):
-            protect |= set(self.live.steps[ahead].blobs)
-            for name in self.live.loads(ahead):
+            protect |= live.working[ahead]
+            for name in live.load_lists[ahead]:
                 if name in self.resident or name not in self.host_valid:
                     continue   # resident already, or made by a step before ``ahead``
                 if not self._allocate(name, index, protect, actions, victims_after=ahead):
@@ -170,20 +229,14 @@ class _Planner:
                 actions.append(self._action("swap_in", name, for_step=ahead))
                 self.device_valid.add(name)
 
-    def _run(self, index: int) -> None:
-        step = self.live.steps[index]
-        for name in step.writes + step.updates + step.workspace:
-            self.dirty.add(name)
-            self.device_valid.add(name)
-            self.host_valid.discard(name)
-
     def _reduce(self, index: int, actions: list) -> None:
         """``reduce_grads``: each parameter gradient this step wrote goes home now (a pinned one
         keeps its slot) and is reduced there; its device copy is stale until reloaded."""
         for name in self.live.steps[index].writes:
             if self.live.blobs[name].role != "param_grad":
                 continue
-            reduce = replace(self._action("reduce", name), size=0)   # offset: where it was
+            slot = self.resident[name]    # the reduction's offset: where it was
+            reduce = Action.make("reduce", name, self.nbytes[name], slot.offset, 0)
             if name in self.pinned:
                 actions.append(self._action("sync", name))
                 self.dirty.discard(name)
@@ -194,20 +247,37 @@ class _Planner:
             actions.append(reduce)
 
     def _release_after(self, index: int, actions: list) -> None:
+        """Drop what is dead, re-key what this step used, then evict down to the soft limit.
+        Only this step's blobs and those placed while it ran can have died: any other resident
+        blob was needed after the previous step and has not been used since."""
         if self.policy.reduce_grads:
             self._reduce(index, actions)
-        for name in list(self.resident):
-            if name not in self.pinned and self.live.need_after(name, index) == INFINITY:
-                self._evict(name, index, actions, "dead")
+        touched = self.live.working[index].union(self.placed_now)
+        self.placed_now = []
+        order, resident, pinned = self.placed_at, self.resident, self.pinned
+        dead = []
+        needs, uses, keyed = self.live.needs, self.live.uses, self.need
+        for name in touched:
+            if name in resident and name not in pinned:
+                need = needs[name][bisect_right(uses[name], index)]    # need_after, inlined
+                if need == INFINITY:
+                    dead.append(name)
+                elif need != keyed[name]:
+                    self._key(name, need)
+        for name in sorted(dead, key=order.__getitem__):   # in the resident order, as they are
+            self._evict(name, index, actions, "dead")
         if self.pool.in_use <= self.soft:
             return
         keep = set()
         for ahead in range(index + 1, min(self.live.n, index + 1 + max(1, self.policy.prefetch))):
-            keep |= set(self.live.steps[ahead].blobs)
-        for name in self._victims(index, keep):
-            if self.pool.in_use <= self.soft:
+            keep |= self.live.working[ahead]
+        skipped: list = []
+        while self.pool.in_use > self.soft:
+            name = self._next_victim(keep, -1, skipped)
+            if name is None:
                 break
             self._evict(name, index, actions, "soft limit")
+        self._restore(skipped)
 
     def _epilogue(self, actions: list) -> None:
         last = self.live.n - 1
@@ -222,39 +292,73 @@ class _Planner:
                 self._evict(name, last, actions, "end of iteration")
 
     # -- space ----------------------------------------------------------------------------------
-    def _victims(self, index: int, protect: set, victims_after: float = -1) -> list[str]:
-        """Evictable blobs, furthest next need first; only those needed after ``victims_after``."""
-        found = []
-        for name in self.resident:
-            if name in protect or name in self.pinned:
+    def _place(self, name: str, slot, index: int) -> None:
+        self.resident[name] = slot
+        self.placed_at[name] = self.placements
+        self.placements += 1
+        self.placed_now.append(name)
+        if name not in self.pinned:
+            self._key(name, self.live.needs[name][bisect_right(self.live.uses[name], index)])
+
+    def _key(self, name: str, need: float) -> None:
+        """(Re-)enter ``name`` in the victims' heap with its next need; older entries of it
+        become stale (their number is no longer its entry's) and are skipped when popped."""
+        self.entries += 1
+        self.entry[name] = self.entries
+        self.need[name] = need
+        heapq.heappush(self.heap, (-need, -self.nbytes[name], name, self.entries))
+
+    def _next_victim(self, protect, victims_after: float, skipped: list) -> str | None:
+        """The evictable blob with the furthest next need (then the largest, then by name) if it
+        is needed after ``victims_after``, else None. Protected blobs popped on the way go to
+        ``skipped``, for ``_restore`` to put back once the caller is done evicting. The caller
+        evicts the blob returned before asking for the next one."""
+        heap, entry = self.heap, self.entry
+        while heap:
+            top = heap[0]
+            if entry.get(top[2]) != top[3]:
+                heapq.heappop(heap)           # stale: re-keyed since, or evicted
                 continue
-            need = self.live.need_after(name, index)
-            if need > victims_after:
-                found.append((-need, -self.live.blobs[name].nbytes, name))
-        return [name for *_, name in sorted(found)]
+            if -top[0] <= victims_after:
+                return None
+            heapq.heappop(heap)
+            if top[2] in protect:
+                skipped.append(top)
+                continue
+            return top[2]
+        return None
+
+    def _restore(self, skipped: list) -> None:
+        for top in skipped:
+            heapq.heappush(self.heap, top)
 
     def _allocate(self, name: str, index: int, protect: set, actions: list,
                   victims_after: float = -1, relocate: bool = False) -> bool:
         """Place ``name``: in a free block if one is large enough, else in the cheapest window
         of the pool that free space and evictable blobs make contiguous (nothing moves once
         placed, so total free space is not enough)."""
-        nbytes = self.live.blobs[name].nbytes
+        nbytes = self.nbytes[name]
+        top = name in self.live.workspace
+        slot = self.pool.try_allocate(nbytes, name, from_top=top)
+        if slot is not None:          # the common case, first
+            self._place(name, slot, index)
+            return True
         size = align_up(max(nbytes, 1), self.pool.alignment)
-        top = self.live.blobs[name].role == "workspace"
-        victims = None
+        skipped: list = []
         while True:
-            try:
-                self.resident[name] = self.pool.allocate(nbytes, name, from_top=top)
+            if slot is not None:
+                self._place(name, slot, index)
+                self._restore(skipped)
                 return True
-            except OutOfDeviceMemory:
-                pass
             if self.pool.capacity - self.pool.in_use >= size:
                 break                        # space enough, not in one piece
-            if victims is None:
-                victims = self._victims(index, protect, victims_after)
-            if not victims:
+            victim = self._next_victim(protect, victims_after, skipped)
+            if victim is None:
+                self._restore(skipped)
                 return False
-            self._evict(victims.pop(0), index, actions, "furthest next use")
+            self._evict(victim, index, actions, "furthest next use")
+            slot = self.pool.try_allocate(nbytes, name, from_top=top)
+        self._restore(skipped)
         window = self._window(nbytes, index, protect, victims_after)
         why = "contiguous space"
         if window is None and relocate:   # last resort: move the step's own blobs via the host
@@ -263,8 +367,10 @@ class _Planner:
             return False
         start, victims = window
         for victim in victims:
+            if victim in protect:
+                self.relocated = True
             self._evict(victim, index, actions, why, needed=victim in protect or None)
-        self.resident[name] = self.pool.allocate(nbytes, name, at=start)
+        self._place(name, self.pool.allocate(nbytes, name, at=start), index)
         return True
 
     def _window(self, nbytes: int, index: int, protect: set, victims_after: float,
@@ -273,31 +379,39 @@ class _Planner:
         only free space and evictable blobs, or None. A victim costs its bytes over the steps
         until it is needed again (twice that if it is dirty: a swap-out too): far-off and dead
         blobs go first, as furthest-next-use eviction would have it. A sliding window per run of
-        blocks between unmovable ones."""
+        blocks between unmovable ones.
+
+        The pinned blobs fill the bottom of the pool from the prologue on and never move, so the
+        search starts above them (unless ``costly`` lets it move one of this step's own blobs
+        and one of those is pinned); each blob's need is the one it is keyed by in the heap,
+        current for every blob this step does not use."""
         size = align_up(max(nbytes, 1), self.pool.alignment)
-        blocks = [(offset, length, None, 0.0) for offset, length in self.pool.free_blocks()]
-        for slot in self.pool.slots():
-            name = slot.owner
-            need = self.live.need_after(name, index)
-            movable = name not in protect and name not in self.pinned and need > victims_after
-            if name in costly:
-                cost = 1e6 * slot.nbytes
-            else:
-                cost = INFINITY if not movable else 0.0 if need == INFINITY else \
-                    slot.nbytes * (2 if name in self.dirty else 1) / (need - index)
-            blocks.append((slot.offset, slot.nbytes, name, cost))
-        blocks.sort()
+        blocks = self.pool.blocks(self.pinned_end if costly.isdisjoint(self.pinned) else 0)
+        working, needs, pinned, dirty = self.live.working[index], self.need, self.pinned, self.dirty
+        lengths, costs = [], []
         best = None
         left, covered, cost = 0, 0, 0.0
-        for right, (_, length, _, block_cost) in enumerate(blocks):
+        for right, (_, length, name) in enumerate(blocks):
+            if name is None:
+                block_cost = 0.0
+            elif name in costly:
+                block_cost = 1e6 * length
+            elif name in protect or name in pinned:
+                block_cost = INFINITY
+            else:
+                need = self.live.need_after(name, index) if name in working else needs[name]
+                block_cost = INFINITY if need <= victims_after else 0.0 if need == INFINITY \
+                    else length * (2 if name in dirty else 1) / (need - index)
+            lengths.append(length)
+            costs.append(block_cost)
             if block_cost == INFINITY:           # an unmovable blob: no window spans it
                 left, covered, cost = right + 1, 0, 0.0
                 continue
             covered += length
             cost += block_cost
-            while covered - blocks[left][1] >= size:   # drop blocks the window does not need
-                covered -= blocks[left][1]
-                cost -= blocks[left][3]
+            while covered - lengths[left] >= size:   # drop blocks the window does not need
+                covered -= lengths[left]
+                cost -= costs[left]
                 left += 1
             if covered >= size and (best is None or cost < best[0] - 1e-12):
                 best = (cost, left, right)
@@ -310,18 +424,24 @@ class _Planner:
                 needed: bool | None = None) -> None:
         if needed is None:
             needed = self.live.need_after(name, index) != INFINITY
+        slot = self.resident.pop(name)
         if name in self.dirty and needed:
-            actions.append(replace(self._action("swap_out", name), why=why))
+            kind = "swap_out"
             self.host_valid.add(name)
         else:
-            actions.append(replace(self._action("drop", name), why=why if needed else "dead"))
+            kind, why = "drop", why if needed else "dead"
+        actions.append(Action.make(kind, name, self.nbytes[name], slot.offset, slot.nbytes,
+                                   None, why))
         self.dirty.discard(name)
         self.device_valid.discard(name)
-        self.pool.free(self.resident.pop(name))
+        self.entry.pop(name, None)
+        if name in self.pinned:     # only relocation moves one: the bottom is no longer solid
+            self.pinned_end = 0
+        self.pool.free(slot)
 
     def _action(self, kind: str, name: str, for_step: int | None = None) -> Action:
         slot = self.resident[name]
-        return Action(kind, name, self.live.blobs[name].nbytes, slot.offset, slot.nbytes, for_step)
+        return Action.make(kind, name, self.nbytes[name], slot.offset, slot.nbytes, for_step)
 
     def _demand_message(self, index: int, name: str) -> str:
         step = self.live.steps[index]
@@ -338,34 +458,58 @@ class _Planner:
                 f"{format_bytes(self.pool.stats().largest_free)}: {fix}")
 
 
-def make_plan(net: Net, steps: list[Step], capacity: int, policy: Policy = Policy()) -> Plan:
+def make_plan(net: Net, steps: list[Step], capacity: int, policy: Policy = Policy(),
+              watch=None) -> Plan:
     """The plan of one iteration of ``steps`` in a pool of ``capacity`` bytes under ``policy``
     (manual knobs; see ``minilms.lms.cost.plan_for`` for ``auto``). Raises PlanError if none fits.
+    ``watch(index, step_plan)``: called as each step's plan is made (from index 0 again if
+    prefetch is shortened); what it raises ends the planning (``policy: auto`` stops candidates
+    that cannot win).
 
     Prefetched blobs take space early and can leave the pool too fragmented for a later step
     (nothing moves once placed): then the prefetch distance is shortened until the plan fits,
     and ``plan.notes`` says so. Prefetch never makes a plan that fits fail."""
-    try:
-        return _Planner(net, steps, capacity, policy).run()
-    except PlanError:
-        if policy.prefetch == 0 or not policy.enabled:
-            raise
-    for distance in range(policy.prefetch - 1, -1, -1):
+    with collector_paused():
+        live = Liveness.of(net, steps)
         try:
-            plan = _Planner(net, steps, capacity, replace(policy, prefetch=distance)).run()
+            return _Planner(live, capacity, policy, watch).run()
         except PlanError:
-            if distance == 0:
+            if policy.prefetch == 0 or not policy.enabled:
                 raise
-            continue
-        plan.notes.append(f"prefetch {policy.prefetch} does not fit in "
-                          f"{format_bytes(capacity)}: planned with prefetch {distance}")
-        return plan
+        for distance in range(policy.prefetch - 1, -1, -1):
+            try:
+                plan = _Planner(live, capacity, replace(policy, prefetch=distance), watch).run()
+            except PlanError:
+                if distance == 0:
+                    raise
+                continue
+            plan.notes.append(f"prefetch {policy.prefetch} does not fit in "
+                              f"{format_bytes(capacity)}: planned with prefetch {distance}")
+            return plan
+
+
+@contextmanager
+def collector_paused():
+    """Python's cycle collector off while plans are made, as it was after. A plan (and the
+    schedule's ``Liveness``) is tens of thousands of small objects that all live until it is
+    done, so the collector's passes, each over everything the process holds (the net, the
+    kernels' modules), find nothing and cost a third of the planning time; a search
+    (``least_pool``, ``policy: auto``) pauses it once for all its plans. Nothing here makes a
+    reference cycle: what a plan drops, reference counting frees."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # -- sizes the planner reports ------------------------------------------------------------------
 def resident_bytes(net: Net, steps: list[Step]) -> int:
     """The pool LMS off needs: every blob of the schedule resident at once (aligned)."""
-    return sum(align_up(info.nbytes) for info in Liveness(net, steps).blobs.values())
+    return sum(align_up(net.blobs[name].nbytes) for name in
+               dict.fromkeys(name for step in steps for name in step.blobs))
 
 
 def working_set_bytes(net: Net, step: Step) -> int:
@@ -374,29 +518,33 @@ def working_set_bytes(net: Net, step: Step) -> int:
 
 def least_pool(net: Net, steps: list[Step], policy: Policy = Policy()) -> int:
     """The smallest pool (a multiple of the alignment) with which ``make_plan`` succeeds under
-    ``policy``, by bisection between the largest working set and LMS off's need. Fragmentation
-    can make it more than the largest working set; planning is cheap, so it is searched, not
-    estimated."""
+    ``policy``. No pool below the largest working set can hold that step, so that bound is tried
+    first: it usually fits, and then it is the least pool, exactly. Where fragmentation (or
+    pinned blobs) needs more, the search gallops up from it (doubling the step) and bisects the
+    last gap: a few plans when the answer is near the bound, as it is, instead of a bisection
+    over the whole range up to LMS off's need."""
     policy = replace(policy, prefetch=0)    # prefetch only uses space that is there
     unit = Pool(1 << 20).alignment
     low = max(working_set_bytes(net, s) for s in steps) // unit
-    high = -(-resident_bytes(net, steps) // unit)
     if not policy.enabled:
-        return high * unit
-
+        return -(-resident_bytes(net, steps) // unit) * unit
     def fits(units: int) -> bool:
         try:
             make_plan(net, steps, units * unit, policy)
             return True
         except PlanError:
             return False
-    while not fits(high):   # pinned blobs can fragment beyond the sum; rarely
-        high *= 2
-    while low < high:
-        middle = (low + high) // 2
-        if fits(middle):
-            high = middle
-        else:
-            low = middle + 1
-    return high * unit
-
+    with collector_paused():
+        if fits(low):
+            return low * unit
+        failed, gap = low, 1       # the largest size known not to fit, and the next stride
+        while not fits(failed + gap):
+            failed, gap = failed + gap, gap * 2
+        low, high = failed + 1, failed + gap
+        while low < high:
+            middle = (low + high) // 2
+            if fits(middle):
+                high = middle
+            else:
+                low = middle + 1
+        return high * unit
