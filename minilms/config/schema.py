@@ -16,13 +16,14 @@ import copy
 import math
 from dataclasses import dataclass
 
+from .. import zoo
 from ..datasets.registry import DATASETS as FORMATS
 from ..device.link import LINKS_GBPS
 from ..errors import ConfigError, did_you_mean
 from ..sizes import EXPECTED as SIZE_EXPECTED
 from ..sizes import parse_size
 
-ZOO_MODELS = ("lenet", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "googlenet")
+ZOO_MODELS = tuple(zoo.MODELS)     # the zoo's names, from the zoo itself
 DATASETS = tuple(FORMATS)
 # formats a config must give data.root for: their class count is in their files
 ROOT_REQUIRED = tuple(name for name, format_ in FORMATS.items() if format_.config_needs_root)
