@@ -205,13 +205,11 @@ class Pool:
         """Every slot in use, by offset."""
         return [self._used[offset] for offset in sorted(self._used)]
 
-    def blocks(self, start: int = 0) -> list[tuple[int, int, str | None]]:
-        """Every block from ``start`` on, used or free, by offset: ``(offset, nbytes, owner)``,
-        owner None where free. The layout the LMS planner searches for a window to clear."""
-        used, offsets = self._used, sorted(self._used)
-        i = bisect.bisect_left(offsets, start) if start else 0
-        found = [(offset, used[offset].nbytes, used[offset].owner) for offset in offsets[i:]]
-        found += [(offset, size, None) for offset, size in self.free_blocks(start)]
+    def blocks(self) -> list[tuple[int, int, str | None]]:
+        """Every block, used or free, by offset: ``(offset, nbytes, owner)``, owner None where
+        free. The layout the LMS planner searches for a window to clear."""
+        found = [(slot.offset, slot.nbytes, slot.owner) for slot in self._used.values()]
+        found += [(offset, size, None) for offset, size in self.free_blocks()]
         found.sort()
         return found
 

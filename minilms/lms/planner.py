@@ -82,6 +82,7 @@ class _Planner:
         self.pinned_names = pinned_blobs(live, policy)
         self.pinned = set(self.pinned_names)
         self.resident: dict[str, object] = {}   # name -> Slot, in placement order
+        self.movable: dict[str, object] = {}    # the same, less the pinned blobs
         self.placed_at: dict[str, int] = {}      # name -> placement number: the resident order
         self.placements = 0
         self.placed_now: list[str] = []          # placed since the last release
@@ -298,6 +299,7 @@ class _Planner:
         self.placements += 1
         self.placed_now.append(name)
         if name not in self.pinned:
+            self.movable[name] = slot
             self._key(name, self.live.needs[name][bisect_right(self.live.uses[name], index)])
 
     def _key(self, name: str, need: float) -> None:
@@ -386,7 +388,13 @@ class _Planner:
         and one of those is pinned); each blob's need is the one it is keyed by in the heap,
         current for every blob this step does not use."""
         size = align_up(max(nbytes, 1), self.pool.alignment)
-        blocks = self.pool.blocks(self.pinned_end if costly.isdisjoint(self.pinned) else 0)
+        if costly.isdisjoint(self.pinned) and (self.pinned_end or not self.pinned):
+            blocks = [(slot.offset, slot.nbytes, name) for name, slot in self.movable.items()]
+            blocks += [(offset, length, None)
+                       for offset, length in self.pool.free_blocks(self.pinned_end)]
+            blocks.sort()
+        else:
+            blocks = self.pool.blocks()
         working, needs, pinned, dirty = self.live.working[index], self.need, self.pinned, self.dirty
         lengths, costs = [], []
         best = None
@@ -435,6 +443,7 @@ class _Planner:
         self.dirty.discard(name)
         self.device_valid.discard(name)
         self.entry.pop(name, None)
+        self.movable.pop(name, None)
         if name in self.pinned:     # only relocation moves one: the bottom is no longer solid
             self.pinned_end = 0
         self.pool.free(slot)
