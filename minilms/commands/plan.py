@@ -109,8 +109,9 @@ def report(config, link=None, summary: bool = False) -> str:
                         f"{format_bytes(everything)})") from None
     chosen = plan.policy.describe()
     if plan.candidates:
+        cut = f"; {len(plan.cut_short)} more cut short, slower already" if plan.cut_short else ""
         chosen += f" (auto: the fastest of {sum(s is not None for _, s in plan.candidates)} " \
-                  f"plans that fit, of {len(plan.candidates)} weighed)"
+                  f"plans that fit, of {len(plan.candidates)} weighed{cut})"
     out.append(chosen)
     out += [f"note: {note}" for note in plan.notes]
     if not summary:
