@@ -23,10 +23,10 @@ from minilms.training.checkpoint import (
     apply_weights,
     load_checkpoint,
     load_weights,
-    prune_checkpoints,
     restore_rngs,
     save_checkpoint,
 )
+from minilms.training.retention import prune_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -36,9 +36,6 @@ API:
 ``restore_rngs(generators, states, source=None)``
     Put each named generator back in the state ``meta["rng"]`` recorded; all are checked, against
     a scratch generator of the same kind, before any is changed.
-``prune_checkpoints(run_dir, keep, best) -> list[Path]``
-    Retention: delete the ``iter-<number>`` checkpoints but the newest ``keep``, ``best`` and the
-    one ``latest`` names; returns what it removed.
 
 Every failure is a ``CheckpointError`` (a ``MinilmsError``), one line: ``{path}: expected
 {expected}, found {found}``; ``NoCheckpointError``, its subclass, means nothing was ever saved
@@ -51,8 +48,8 @@ new one is in. A process killed between those two renames leaves no ``<tag>`` bu
 ``<tag>.old-<pid>``: loading reads that one, and the next save renames it back before anything
 else. Leftover ``.tmp-`` directories of dead processes are removed by the next save. Pruning
 renames a checkpoint to such a ``.tmp-`` name before deleting it, so a process killed mid-delete
-leaves no half-deleted ``iter-*`` directory that looks like a checkpoint, only a leftover that
-the next save removes.
+(``retention.py``) leaves no half-deleted ``iter-*`` directory that looks like a checkpoint, only a
+leftover that the next save removes.
 """
 import json
 import os
@@ -67,6 +64,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import CheckpointError, NoCheckpointError, did_you_mean
+from .durable import fsync_directory, move_into_place, process_alive, write_durably, write_npz
 
 WEIGHTS, STATE, TRAINER, LATEST = "weights.npz", "state.npz", "trainer.json", "latest"
 FORMAT = "minilms-checkpoint/1"
@@ -224,46 +222,6 @@ def jsonable(value):
     raise TypeError(f"{type(value).__name__} {value!r} is not JSON data")
 
 
-def write_npz(path: Path, arrays: dict) -> None:
-    with open(path, "xb") as file:
-        np.savez(file, **arrays)
-        file.flush()
-        os.fsync(file.fileno())
-
-
-def write_durably(path: Path, data: bytes) -> None:
-    with open(path, "xb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-
-
-def fsync_directory(path: Path) -> None:
-    """Make renames and new entries in ``path`` durable (a no-op where directories cannot be
-    opened, as on Windows)."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
-
-
-def move_into_place(scratch: Path, target: Path) -> None:
-    aside = None
-    if target.exists():
-        aside = target.with_name(f"{target.name}.old-{os.getpid()}")
-        os.replace(target, aside)
-    os.replace(scratch, target)
-    fsync_directory(target.parent)
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
-
-
 def write_latest(directory: Path, tag: str) -> None:
     scratch = directory / f"{LATEST}.tmp-{os.getpid()}"
     scratch.unlink(missing_ok=True)
@@ -287,20 +245,6 @@ def clean_leftovers(directory: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink(missing_ok=True)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether another live process could still be writing ``pid``'s scratch files; this
-    process's own leftovers come from saves that failed and are always stale."""
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -426,74 +370,6 @@ def restore_rngs(generators: dict, states: dict, source=None) -> None:
                               type(generator.bit_generator).__name__)
     for name, generator in generators.items():
         generator.bit_generator.state = states[name]
-
-
-# -- retention -------------------------------------------------------------------------------------
-def prune_checkpoints(run_dir, keep: int, best: str | None) -> list[Path]:
-    """Delete the ``iter-<number>`` checkpoints of ``run_dir`` except the newest ``keep`` (by
-    iteration number, not file time), the one tagged ``best`` (such as ``"iter-0000050"``; None
-    for none) and, whatever ``keep`` says, the one ``latest`` names. Returns the directories
-    removed, oldest first.
-
-    Safe against what crashes leave:
-
-    - Only complete checkpoints (all of weights.npz, state.npz, trainer.json) count toward
-      ``keep``, so an incomplete ``iter-*`` directory (not something ``save_checkpoint`` makes:
-      it renames whole directories into place) never displaces a good one; it is removed.
-    - Other names are never touched: tags that are not ``iter-<number>``, ``latest``, and the
-      ``.tmp-``/``.old-`` leftovers of an interrupted save (an ``.old-`` one may be the only copy
-      of what ``latest`` names; ``clean_leftovers`` deals with them at the next save).
-    - If ``latest`` exists but cannot be read as a tag, nothing is removed: which checkpoint a
-      resume would take is then unknown.
-    - Each victim is renamed to ``<tag>.tmp-<pid>`` (atomic), the renames made durable, and only
-      then deleted: a process killed mid-delete leaves a leftover the next save removes, never a
-      half-deleted directory under a checkpoint's name.
-
-    A directory that cannot be renamed is a CheckpointError naming it, raised once those before
-    it are deleted. ``keep`` must be an integer >= 0.
-    """
-    if type(keep) is not int or keep < 0:
-        raise ValueError(f"keep must be an integer >= 0, not {keep!r}")
-    run_dir = Path(run_dir)
-    protected = {best} if best else set()
-    latest = run_dir / LATEST
-    if latest.exists():
-        try:
-            tag = latest.read_text().strip()
-        except (OSError, UnicodeDecodeError):
-            return []
-        if not TAG.fullmatch(tag) or tag == LATEST:
-            return []
-        protected.add(tag)
-    checkpoints = []
-    for entry in run_dir.iterdir() if run_dir.is_dir() else ():
-        match = ITERATION_TAG.fullmatch(entry.name)
-        if match and entry.is_dir() and not entry.is_symlink():
-            checkpoints.append((int(match["number"]), entry.name, entry))
-    checkpoints.sort()
-    complete = [c for c in checkpoints
-                if all((c[2] / name).is_file() for name in (WEIGHTS, STATE, TRAINER))]
-    kept = {entry for _, _, entry in complete[max(len(complete) - keep, 0):]} if keep else set()
-    doomed = [entry for _, name, entry in checkpoints
-              if entry not in kept and name not in protected]
-    aside, failure = [], None
-    for entry in doomed:
-        scratch = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
-        try:
-            shutil.rmtree(scratch, ignore_errors=True)   # a failed prune's, in this process
-            os.replace(entry, scratch)
-        except OSError as error:
-            failure = CheckpointError(entry, "a checkpoint directory that can be removed",
-                                      one_line(error))
-            break
-        aside.append(scratch)
-    if aside:
-        fsync_directory(run_dir)
-    for scratch in aside:
-        shutil.rmtree(scratch, ignore_errors=True)   # what stays is a leftover the next save takes
-    if failure is not None:
-        raise failure
-    return doomed
 
 
 # -- applying --------------------------------------------------------------------------------------

@@ -41,11 +41,11 @@ from .checkpoint import (
     apply_weights,
     load_checkpoint,
     load_weights,
-    prune_checkpoints,
     restore_rngs,
     save_checkpoint,
 )
 from .distributed import GradientReducer, World, device_of, memory_share, sharers
+from .retention import prune_checkpoints
 
 METRICS = ("split", "epoch", "iteration", "loss", "accuracy", "lr", "images_per_s",
            "mib_moved", "stall_ms")
