@@ -26,9 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from minilms import zoo  # noqa: E402
 from minilms.device import CpuDevice  # noqa: E402
 from minilms.errors import PlanError  # noqa: E402
-from minilms.lms import LmsExecutor  # noqa: E402
+from minilms.lms import (  # noqa: E402
+    LmsExecutor,  # noqa: E402
+    Policy,
+    least_pool,
+    make_plan,
+    resident_bytes,
+)
 from minilms.lms.cost import CostModel, auto_plan, simulate  # noqa: E402
-from minilms.lms.planner import Policy, least_pool, make_plan, resident_bytes  # noqa: E402
 from minilms.net import Net  # noqa: E402
 from minilms.sizes import format_bytes  # noqa: E402
 from minilms.solver import SGD  # noqa: E402

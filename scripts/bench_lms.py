@@ -35,9 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from minilms import zoo  # noqa: E402
 from minilms.device import CpuDevice, parse_link  # noqa: E402
-from minilms.lms import LmsExecutor  # noqa: E402
+from minilms.lms import (  # noqa: E402
+    LmsExecutor,  # noqa: E402
+    Policy,
+    least_pool,
+    resident_bytes,
+)
 from minilms.lms.cost import measure_cpu, simulate  # noqa: E402
-from minilms.lms.planner import Policy, least_pool, resident_bytes  # noqa: E402
 from minilms.net import Net  # noqa: E402
 from minilms.sizes import format_bytes  # noqa: E402
 from minilms.solver import SGD  # noqa: E402

@@ -49,8 +49,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minilms  # noqa: E402,F401  (first: it sets the OpenMP wait policy before any pool starts)
 from minilms import zoo  # noqa: E402
 from minilms.device import make_device  # noqa: E402
-from minilms.lms import LmsExecutor  # noqa: E402
-from minilms.lms.planner import Policy, least_pool, resident_bytes  # noqa: E402
+from minilms.lms import (  # noqa: E402
+    LmsExecutor,  # noqa: E402
+    Policy,
+    least_pool,
+    resident_bytes,
+)
 from minilms.net import Net  # noqa: E402
 from minilms.sizes import format_bytes  # noqa: E402
 from minilms.solver import SGD  # noqa: E402

@@ -6,9 +6,8 @@ import pytest
 from minilms import events, zoo
 from minilms.device import make_device
 from minilms.errors import OutOfDeviceMemory, PlanError
-from minilms.lms import LmsExecutor
+from minilms.lms import LmsExecutor, Policy, least_pool, resident_bytes
 from minilms.lms.executor import ResidentExecutor
-from minilms.lms.planner import Policy, least_pool, resident_bytes
 from minilms.net import Net
 from minilms.solver import SGD, Adam
 

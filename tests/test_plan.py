@@ -13,15 +13,13 @@ from hypothesis import strategies as st
 from minilms import zoo
 from minilms.device.pool import ALIGNMENT
 from minilms.errors import ConfigError, PlanError
+from minilms.lms.bounds import least_pool, resident_bytes, working_set_bytes
 from minilms.lms.check import check_plan
 from minilms.lms.cost import CostModel, auto_plan, simulate
 from minilms.lms.planner import (
     Liveness,
     Policy,
-    least_pool,
     make_plan,
-    resident_bytes,
-    working_set_bytes,
 )
 from minilms.net import Net
 

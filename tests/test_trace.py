@@ -16,8 +16,7 @@ from minilms import trace, zoo
 from minilms.commands.common import run
 from minilms.device import make_device
 from minilms.layers.run import LayerRun
-from minilms.lms import LmsExecutor
-from minilms.lms.planner import Policy, least_pool
+from minilms.lms import LmsExecutor, Policy, least_pool
 from minilms.net import Net, build_layer
 from minilms.solver import SGD
 from minilms.trace.command import main as command_main

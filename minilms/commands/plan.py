@@ -16,9 +16,10 @@ from dataclasses import replace
 from ..config.build import build_net, cost_model, device_kind, lms_policy, load, planned_capacity
 from ..device import parse_link
 from ..errors import PlanError
+from ..lms.bounds import least_pool, resident_bytes, working_set_bytes
 from ..lms.cost import plan_for, simulate
 from ..lms.plan import Plan
-from ..lms.planner import least_pool, make_plan, resident_bytes, working_set_bytes
+from ..lms.planner import make_plan
 from ..sizes import format_bytes
 from .common import run
 

@@ -209,7 +209,7 @@ class Trace:
         if plan is None:
             return None
         if plan.least_pool is None and plan.live is not None:
-            from ..lms.planner import least_pool
+            from ..lms.bounds import least_pool
             plan.least_pool = least_pool(*plan.live)
         return plan.least_pool
 
