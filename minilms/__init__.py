@@ -4,11 +4,19 @@ Every blob lives on the host; the device holds one fixed pool; each step stages 
 into the pool. See docs/design.md for the vocabulary and the architecture.
 """
 import os
+import sys
 
 # Numba's OpenMP threads and the BLAS threads take turns on the same cores; by default each pool
 # spins while the other works, and a convolution (im2col, then GEMM, per sample) ran many times
 # slower on two cores (docs/benchmarks.md, "Why the code chose"). Passive waiting removes that. It
 # must be set before the OpenMP runtime starts; a value the user set wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenBLAS's own (pthreads) workers spin for 2**28 cycles after each call by default, on the
+# cores Numba's threads need next: a direct convolution kernel run after a GEMM took twice its
+# time. 2**4 cycles makes them sleep at once. OpenBLAS reads this when it loads, so it holds only
+# where minilms is imported before numpy (``python -m minilms.*`` always is); ``BLAS_SPIN_FIXED``
+# says whether it did.
+BLAS_SPIN_FIXED = "numpy" not in sys.modules or "OPENBLAS_THREAD_TIMEOUT" in os.environ
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 __version__ = "0.1.0"

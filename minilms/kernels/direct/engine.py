@@ -13,7 +13,7 @@ gradient checks; groups; ``cuda``) is left whole to the reference.
 """
 from ..im2col import conv_out_size
 from ..registry import on_cpu
-from . import conv, input_grad, weight_grad
+from . import conv, input_grad, pointwise, weight_grad
 from .vector_ir import VL
 
 __all__ = ["DirectConvolution"]
@@ -32,12 +32,16 @@ class DirectConvolution:
                  max_workspace: int):
         self.geometry, self.groups, self.chunk = geometry, groups, chunk
         self.elements = 0
+        self.pointwise = bool(chunk) and pointwise.applies(weight_shape, geometry)
         if not chunk:
             return
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
         samples, height, width = x_shape[0], x_shape[2], x_shape[3]
         out, out_h, out_w = (weight_shape[0], conv_out_size(height, kh, sh, ph, dh),
                              conv_out_size(width, kw, sw, pw, dw))
+        if self.pointwise:
+            self.elements = pointwise.workspace_elements(x_shape, out, out_h * out_w, chunk)
+            return
         # the larger of the forward's and the weight gradient's prepared inputs (max_step 1),
         # and of dy's as the input of the transposed convolution where that path is taken
         x_sample = conv.padded_size(x_shape, *geometry, max_step=1)
@@ -59,6 +63,9 @@ class DirectConvolution:
         this engine does not apply or ``work`` holds less than one sample's prepared input."""
         if not self._applies(x):
             return False
+        if self.pointwise:
+            pointwise.forward(x, weight, bias, y, work, self.chunk, self.geometry)
+            return True
         chunk = conv.chunk_size(x.shape, self.geometry, work.size)
         if chunk < 1:
             return False
@@ -70,6 +77,12 @@ class DirectConvolution:
         dbias)`` with None in place of those: what is left for im2col + GEMM."""
         if not self.chunk or not self._applies(dy):
             return dx, dweight, dbias
+        if self.pointwise:
+            if dx is not None:
+                pointwise.input_grad(dy, weight, dx, work, self.chunk, self.geometry)
+            if dweight is not None or dbias is not None:
+                pointwise.weight_grad(x, dy, dweight, dbias, work, self.chunk, self.geometry)
+            return None, None, None
         # The direct kernels run first: run after a GEMM, they would share the cores with
         # OpenBLAS's workers, which spin for a while after a call.
         done_dx = False

@@ -1,0 +1,141 @@
+"""1x1 convolutions (ResNet's bottlenecks and projections) as GEMMs over the whole batch.
+
+A 1x1 convolution without padding is a matrix product per sample. With ``x[n]`` seen as
+``[C, P]`` (its pixels; every ``stride``-th one when strided), ``dy[n]`` as ``[O, P]`` and the
+weight as ``W [O, C]``::
+
+    y[n]  = W @ x[n] (+ bias)             one batched matmul, written straight into y
+    dx[n] = W^T @ dy[n]                   one batched matmul (strided: into the sub-grid,
+                                          zeros elsewhere)
+    dW    = sum over n of dy[n] @ x[n]^T  a GEMM per sample, added in sample order; where a
+                                          sample's P is short, one GEMM over a chunk's columns
+                                          side by side (``[O, k * P] @ [C, k * P]^T``)
+    dbias = sum over n, p of dy[n, :, p]  ``weight_grad.bias_grad``
+
+Nothing is copied where the stride is 1 and P is long: the direct kernels and im2col + GEMM both
+stream a copy of ``x`` or ``dy`` that a 1x1 convolution does not need. A strided input's sub-grid
+is gathered into the workspace first, ``chunk`` samples at a time.
+
+Deterministic: the same shapes take the same calls in the same order; equal to im2col + GEMM up
+to float32 rounding (the tests compare them).
+"""
+import numpy as np
+from numba import njit, prange
+
+from .weight_grad import bias_grad
+
+__all__ = ["applies", "workspace_elements", "forward", "input_grad", "weight_grad"]
+
+# A sample's columns per GEMM below which dW's GEMMs run over a chunk's columns side by side:
+# a GEMM with a short inner dimension is far from the machine's rate (docs/benchmarks.md).
+SHORT_PLANE = 256
+
+
+def applies(weight_shape, geometry) -> bool:
+    """A 1x1 kernel with no padding (any stride; dilation means nothing at 1x1)."""
+    (kh, kw), _, (ph, pw), _ = geometry
+    return (kh, kw) == (1, 1) and (ph, pw) == (0, 0) and len(weight_shape) == 4
+
+
+def workspace_elements(x_shape, out: int, out_plane: int, chunk: int) -> int:
+    """Float elements the workspace must hold for ``chunk`` samples: a gathered sub-grid of ``x``
+    (or of ``dx``), and the side-by-side columns of ``dy`` and ``x``."""
+    channels = x_shape[1]
+    return chunk * (channels + out) * out_plane
+
+
+def _strided(geometry) -> bool:
+    return tuple(geometry[1]) != (1, 1)
+
+
+def _gather(x, work, geometry, n0, n1):
+    """``x[n0:n1]``'s strided sub-grid as ``[k, C, P]``: ``x`` itself (a view) at stride 1."""
+    (sh, sw) = geometry[1]
+    if not _strided(geometry):
+        return x[n0:n1].reshape(n1 - n0, x.shape[1], -1)
+    sub = x[n0:n1, :, ::sh, ::sw]
+    out = work[:sub.size].reshape(sub.shape)
+    out[...] = sub
+    return out.reshape(n1 - n0, x.shape[1], -1)
+
+
+def forward(x, weight, bias, y, work, chunk, geometry) -> None:
+    """``y = conv(x, weight) + bias``, ``y`` overwritten."""
+    samples, out = y.shape[0], y.shape[1]
+    w = weight.reshape(out, -1)
+    y3 = y.reshape(samples, out, -1)
+    step = samples if not _strided(geometry) else chunk
+    for n0 in range(0, samples, step):
+        n1 = min(samples, n0 + step)
+        np.matmul(w, _gather(x, work, geometry, n0, n1), out=y3[n0:n1])
+    if bias is not None:
+        y += bias.reshape(1, out, 1, 1)
+
+
+def input_grad(dy, weight, dx, work, chunk, geometry) -> None:
+    """``dx`` (overwritten) from ``dy``."""
+    samples, out, channels = dy.shape[0], dy.shape[1], dx.shape[1]
+    wt = weight.reshape(out, channels).T
+    dy3 = dy.reshape(samples, out, -1)
+    if not _strided(geometry):
+        np.matmul(wt, dy3, out=dx.reshape(samples, channels, -1))
+        return
+    (sh, sw), (out_h, out_w) = geometry[1], dy.shape[2:]
+    dx[...] = 0
+    for n0 in range(0, samples, chunk):
+        n1 = min(samples, n0 + chunk)
+        sub = work[:(n1 - n0) * channels * out_h * out_w].reshape(n1 - n0, channels, -1)
+        np.matmul(wt, dy3[n0:n1], out=sub)
+        dx[n0:n1, :, :out_h * sh:sh, :out_w * sw:sw] = sub.reshape(n1 - n0, channels, out_h,
+                                                                   out_w)
+
+
+def weight_grad(x, dy, dweight, dbias, work, chunk, geometry) -> None:
+    """``dweight`` and ``dbias`` (each overwritten; either may be None)."""
+    samples, out = dy.shape[0], dy.shape[1]
+    dy3 = dy.reshape(samples, out, -1)
+    if dbias is not None:
+        bias_grad(dy3, dbias)
+    if dweight is None:
+        return
+    dw, plane, channels = dweight.reshape(out, -1), dy3.shape[2], x.shape[1]
+    if plane >= SHORT_PLANE:
+        for n0 in range(0, samples, chunk):
+            n1 = min(samples, n0 + chunk)
+            xs = _gather(x, work, geometry, n0, n1)
+            for n in range(n0, n1):
+                _accumulate(dy3[n], xs[n - n0].T, dw, first=n == 0)
+        return
+    (sh, sw) = geometry[1]
+    for n0 in range(0, samples, chunk):
+        n1 = min(samples, n0 + chunk)
+        width = (n1 - n0) * plane
+        dy_t = work[:out * width].reshape(out, width)
+        x_t = work[chunk * out * plane:][:channels * width].reshape(channels, width)
+        side_by_side(dy3[n0:n1], dy_t)
+        if _strided(geometry):   # gathered straight into place: one copy
+            x_t.reshape(channels, n1 - n0, *dy.shape[2:])[...] = \
+                x[n0:n1, :, ::sh, ::sw].transpose(1, 0, 2, 3)
+        else:
+            side_by_side(x[n0:n1].reshape(n1 - n0, channels, plane), x_t)
+        _accumulate(dy_t, x_t.T, dw, first=n0 == 0)
+
+
+def _accumulate(a, b, c, first: bool) -> None:
+    """``c = a @ b`` (first) or ``c += a @ b``: numpy has no beta, so a temporary the size of c."""
+    if first:
+        np.matmul(a, b, out=c)
+    else:
+        c += np.matmul(a, b)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def side_by_side(src, dst):
+    """``dst[r, n * P + p] = src[n, r, p]`` for ``src [k, R, P]`` and ``dst [R, k * P]``."""
+    samples, rows, plane = src.shape
+    for task in prange(rows * samples):
+        r, n = task // samples, task % samples
+        out = dst[r, n * plane:(n + 1) * plane]
+        row = src[n, r]
+        for p in range(plane):
+            out[p] = row[p]

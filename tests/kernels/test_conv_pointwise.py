@@ -1,0 +1,113 @@
+"""The 1x1 convolution engine (``kernels.direct.pointwise``) against a float64 einsum: forward,
+input gradient, weight and bias gradients, at stride 1 and 2, with short and long planes (the
+two ways its weight gradient runs) and chunks smaller than the batch; and the layer's ``auto``
+engine takes it for 1x1 convolutions."""
+import numpy as np
+import pytest
+
+from minilms.kernels import conv_cpu
+from minilms.kernels.direct import pointwise
+from minilms.layers.convolution import Convolution
+from minilms.layers.run import LayerRun
+
+from ..devices import new_device
+
+MiB = 2**20
+
+
+def reference(x, weight, bias, dy, stride):
+    """Float64, by definition: a 1x1 convolution reads x's every ``stride``-th pixel."""
+    xs = x[:, :, ::stride, ::stride].astype(np.float64)
+    w = weight.reshape(weight.shape[0], -1).astype(np.float64)
+    y = np.einsum("oc,nchw->nohw", w, xs)
+    if bias is not None:
+        y += bias.reshape(1, -1, 1, 1)
+    dx = np.zeros(x.shape)
+    dx[:, :, ::stride, ::stride] = np.einsum("oc,nohw->nchw", w, dy)
+    dw = np.einsum("nohw,nchw->oc", dy, xs).reshape(weight.shape)
+    return y, dx, dw, dy.sum(axis=(0, 2, 3))
+
+
+CASES = [  # samples, channels, outputs, height, width, stride, chunk
+    (3, 5, 7, 17, 16, 1, 3),     # plane 272: a GEMM per sample for dW
+    (4, 6, 3, 5, 6, 1, 4),       # plane 30: columns side by side
+    (5, 4, 6, 9, 7, 2, 2),       # strided, odd sizes, chunks of 2 (the last one short)
+    (2, 3, 8, 33, 31, 2, 1),     # strided, plane 272, one sample a chunk
+    (6, 8, 4, 4, 4, 1, 4),       # short plane, chunks of 4 (the second one short)
+]
+
+
+@pytest.mark.parametrize("n, c, o, h, w, stride, chunk", CASES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_pointwise_equals_the_definition(n, c, o, h, w, stride, chunk, with_bias):
+    rng = np.random.default_rng(n * 100 + c)
+    out_h, out_w = (h - 1) // stride + 1, (w - 1) // stride + 1
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    weight = rng.standard_normal((o, c, 1, 1)).astype(np.float32)
+    bias = rng.standard_normal(o).astype(np.float32) if with_bias else None
+    dy = rng.standard_normal((n, o, out_h, out_w)).astype(np.float32)
+    geometry = ((1, 1), (stride, stride), (0, 0), (1, 1))
+    assert pointwise.applies(weight.shape, geometry)
+    work = np.full(pointwise.workspace_elements(x.shape, o, out_h * out_w, chunk), np.nan,
+                   np.float32)                       # garbage in the workspace must not leak
+    y = np.full((n, o, out_h, out_w), np.nan, np.float32)
+    dx = np.full_like(x, np.nan)
+    dw = np.full_like(weight, np.nan)
+    db = np.full(o, np.nan, np.float32)
+    pointwise.forward(x, weight, bias, y, work, chunk, geometry)
+    pointwise.input_grad(dy, weight, dx, work, chunk, geometry)
+    pointwise.weight_grad(x, dy, dw, db if with_bias else None, work, chunk, geometry)
+    want_y, want_dx, want_dw, want_db = reference(x, weight, bias, dy, stride)
+    np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5 * np.sqrt(c))
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-5, atol=1e-5 * np.sqrt(o))
+    np.testing.assert_allclose(dw, want_dw, rtol=1e-5, atol=1e-5 * np.sqrt(n * out_h * out_w))
+    if with_bias:
+        np.testing.assert_allclose(db, want_db, rtol=1e-5, atol=1e-5 * np.sqrt(n * out_h * out_w))
+
+
+def test_padding_or_a_larger_kernel_is_not_pointwise():
+    assert not pointwise.applies((4, 3, 1, 1), ((1, 1), (1, 1), (1, 1), (1, 1)))
+    assert not pointwise.applies((4, 3, 3, 3), ((3, 3), (1, 1), (0, 0), (1, 1)))
+    assert pointwise.applies((4, 3, 1, 1), ((1, 1), (2, 2), (0, 0), (3, 3)))
+
+
+def test_side_by_side_puts_each_sample_columns_in_place():
+    src = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    dst = np.empty((3, 8), np.float32)
+    pointwise.side_by_side(src, dst)
+    np.testing.assert_array_equal(dst, np.concatenate([src[0], src[1]], axis=1))
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_the_layer_takes_pointwise_for_1x1_and_agrees_with_reference(monkeypatch, stride):
+    """``engine: auto`` runs a 1x1 convolution without im2col (``conv_cpu`` broken here), and
+    agrees with ``engine: reference`` to float32 rounding; chunks of 2 in a small workspace."""
+    rng = np.random.default_rng(stride)
+    shape, out = (5, 6, 9, 9), 7
+    x = rng.standard_normal(shape).astype(np.float32)
+    params = {"weight": rng.standard_normal((out, 6, 1, 1)).astype(np.float32),
+              "bias": rng.standard_normal(out).astype(np.float32)}
+    plane = ((9 - 1) // stride + 1) ** 2
+    results = {}
+    for engine in ("reference", "auto"):
+        conv = Convolution("conv", ["x"], ["y"], num_output=out, kernel_size=1, stride=stride,
+                           engine=engine, max_workspace=2 * (6 + out) * plane * 4)
+        conv.setup([shape])
+        assert conv.chunk == 2
+        dy = np.random.default_rng(9).standard_normal(conv.top_shapes[0]).astype(np.float32)
+        with monkeypatch.context() as patch:
+            if engine == "auto":
+                assert conv.fast.pointwise
+                patch.setattr(conv_cpu, "conv_forward", None)
+                patch.setattr(conv_cpu, "conv_backward", None)
+            with new_device("cpu", 64 * MiB) as device:
+                runner = LayerRun(device, conv, [shape])
+                for key, value in params.items():
+                    runner.set_param(key, value)
+                y = runner.forward([x])[0].copy()
+                (dx,), grads = runner.backward([dy])
+                results[engine] = (y, dx.copy(), {k: v.copy() for k, v in grads.items()})
+    for got, want in zip(results["auto"][:2], results["reference"][:2]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for key, want in results["reference"][2].items():
+        np.testing.assert_allclose(results["auto"][2][key], want, rtol=1e-5, atol=1e-4)
