@@ -92,11 +92,11 @@ def report(config, link=None, summary: bool = False) -> str:
     net = build_net(config)
     steps = net.schedule(("momentum",) if config.solver.type == "sgd" and config.solver.momentum
                          else ("exp_avg", "exp_avg_sq") if config.solver.type == "adam" else ())
-    capacity = planned_capacity(config)
+    everything = resident_bytes(net, steps)
+    capacity = planned_capacity(config, need=everything)
     link = parse_link(link, "--link") if link is not None else parse_link(config.device.link)
     model = cost_model(config, link)
     policy = lms_policy(config)
-    everything = resident_bytes(net, steps)
     inputs = ", ".join(f"{k} {list(v[0])}" for k, v in net.inputs.items())
     out = [f"minilms plan: {config.name}: {len(net.layers)} layers, {len(steps)} steps, "
            f"inputs {inputs}",

@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import zoo
 from ..datasets.registry import DATASETS, OPTIONS, make_dataset
-from ..device import AUTO_FRACTION, parse_link, resolve_kind
+from ..device import parse_link, resolve_kind, resolve_memory
 from ..device.cpu import host_memory_info
 from ..lms.cost import CostModel
 from ..lms.plan import Policy
@@ -64,17 +64,19 @@ def device_kind(config) -> str:
     return resolve_kind(config.device.kind)
 
 
-def planned_capacity(config) -> int:
+def planned_capacity(config, need: int | None = None) -> int:
     """The pool bytes ``device.memory`` asks for, without allocating or checking it is free:
     planning a 16 GiB device works on any machine. ``auto`` plans for what a device made now
-    would take."""
+    would take (no more than ``need``, what the net needs with LMS off)."""
     memory = config.device.memory
     if isinstance(memory, str) and memory.strip().lower() == "auto":
         kind = device_kind(config)
         if kind == "cuda":
             from ..device.cuda import free_gpu_memory
-            return int(free_gpu_memory() * AUTO_FRACTION[kind])
-        return int(host_memory_info()[0] * AUTO_FRACTION[kind])
+            free = free_gpu_memory()
+        else:
+            free = host_memory_info()[0]
+        return resolve_memory("auto", free, kind, need=need)
     return parse_size(memory, "device.memory")
 
 

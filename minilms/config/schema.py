@@ -240,7 +240,8 @@ SCHEMA = Section(
     ),
     device=Section(
         """Where kernels run. ``memory`` is the pool, a hard cap (a size, or auto: a share of what
-        is free, divided by the processes of a data-parallel run that share the device);
+        is free, divided by the processes of a data-parallel run that share the device, and no
+        more than the net needs with LMS off);
         ``link`` models the host-device link of the cpu device (a name or GB/s).""",
         kind=Field(choice("auto", "cpu", "cuda"), "auto"),
         memory=Field(either(SIZE, AUTO, expected=f"{SIZE_EXPECTED}, or 'auto'"), "auto"),

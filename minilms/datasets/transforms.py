@@ -58,12 +58,23 @@ def normalize(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -
     return ((images - mean) / std).astype(np.float32, copy=False)
 
 
+MIN_STATS_IMAGES = 16     # channel_stats reads at least this many images (or all there are)
+
+
 def channel_stats(dataset: Dataset, max_samples: int | None = 10_000, seed: int = 0,
-                  batch_size: int = 500) -> tuple[np.ndarray, np.ndarray]:
+                  batch_size: int = 500, max_pixels: int | None = 2**23
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel mean and standard deviation of a split's pixels, float32 ``[C]``: of all of it,
     or of a seeded sample of ``max_samples`` images (reading a big image folder in full just to
-    normalise it would cost as much as an epoch)."""
+    normalise it would cost as much as an epoch), and of no more images than hold ``max_pixels``
+    pixels a channel (at least ``MIN_STATS_IMAGES``): two thousand 224x224 images took seconds of
+    start-up to read, for a mean that a few hundred give as well."""
     count = len(dataset)
+    plane = dataset.shape[1] * dataset.shape[2]
+    if max_pixels is not None:
+        by_pixels = max(MIN_STATS_IMAGES, max_pixels // plane)
+        max_samples = by_pixels if max_samples is None else min(max_samples, by_pixels)
+        batch_size = max(1, min(batch_size, max_pixels // 8 // plane))
     if max_samples is not None and count > max_samples:
         indices = np.sort(np.random.default_rng(seed).choice(count, max_samples, replace=False))
     else:

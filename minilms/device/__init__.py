@@ -32,10 +32,14 @@ def resolve_kind(kind: str, key: str = "device.kind") -> str:
     return kind
 
 
-def resolve_memory(memory, free: int, kind: str, key: str = "device.memory") -> int:
-    """Pool bytes for ``memory`` (a size or ``"auto"``) given ``free`` bytes where it comes from."""
+def resolve_memory(memory, free: int, kind: str, key: str = "device.memory",
+                   need: int | None = None) -> int:
+    """Pool bytes for ``memory`` (a size or ``"auto"``) given ``free`` bytes where it comes from.
+    ``auto`` takes ``AUTO_FRACTION`` of ``free``, or ``need`` (what the run can use: LMS off's
+    pool) where that is less: a pool is taken, and on ``cpu`` touched, whole at start-up."""
     if isinstance(memory, str) and memory.strip().lower() == "auto":
-        return int(free * AUTO_FRACTION[kind])
+        share = int(free * AUTO_FRACTION[kind])
+        return share if need is None else min(share, need)
     try:
         nbytes = parse_size(memory, key)
     except ConfigError:
@@ -46,14 +50,16 @@ def resolve_memory(memory, free: int, kind: str, key: str = "device.memory") -> 
     return nbytes
 
 
-def make_device(kind: str = "auto", memory="auto", link=None, device_id: int = 0) -> Device:
-    """A device with its pool allocated: ``make_device("cpu", "512MiB", link="pcie3")``."""
+def make_device(kind: str = "auto", memory="auto", link=None, device_id: int = 0,
+                need: int | None = None) -> Device:
+    """A device with its pool allocated: ``make_device("cpu", "512MiB", link="pcie3")``.
+    ``need``: the most a run can use, which caps ``memory="auto"`` (``resolve_memory``)."""
     kind = resolve_kind(kind)
     if kind == "cpu":
         free, _ = host_memory_info()
-        return CpuDevice(resolve_memory(memory, free, kind), link=parse_link(link))
+        return CpuDevice(resolve_memory(memory, free, kind, need=need), link=parse_link(link))
     if link is not None:
         raise ConfigError("device.link", "no link model on a cuda device (its link is real)", link)
     from .cuda import CudaDevice, free_gpu_memory
     free = free_gpu_memory(device_id)
-    return CudaDevice(resolve_memory(memory, free, kind), device_id=device_id)
+    return CudaDevice(resolve_memory(memory, free, kind, need=need), device_id=device_id)

@@ -101,9 +101,10 @@ class CpuDevice(Device):
     def __init__(self, capacity: int, link: Link | None = None):
         super().__init__(capacity)
         self.link = link
-        # Touch every page now: the cap is real memory, taken at start-up as cudaMalloc would.
-        self._arena = np.empty(self.capacity, np.uint8)
-        self._arena.fill(0)
+        # Zeroed pages the kernel maps on first touch: the size was checked against available
+        # memory (``resolve_memory``), and touching gigabytes up front cost seconds of start-up
+        # that a run whose plan uses less of the pool never needed.
+        self._arena = np.zeros(self.capacity, np.uint8)
         self.compute_stream = CpuStream("compute", threaded=False)
         self.copy_stream = CpuStream("copy", threaded=True)
         link_name = f", link {link.name}" if link else ""

@@ -32,6 +32,7 @@ from ..datasets import OPTIONS, BatchLoader, make_dataset, make_transform
 from ..device import AUTO_FRACTION, make_device, parse_link, resolve_kind
 from ..device.cpu import host_memory_info
 from ..errors import ConfigError, DatasetError, DivergedError
+from ..lms.bounds import resident_bytes
 from ..lms.cost import CostModel, measure_cpu
 from ..lms.replay import LmsExecutor
 from ..schedules import make_schedule
@@ -97,10 +98,11 @@ class Trainer:
                               f"{self.train_set.num_classes} outputs (the data's classes)",
                               self.classes)
         link = parse_link(config.device.link)
-        self.device = self.make_device()
+        self.solver = make_solver(config.solver)
+        self.device = self.make_device(resident_bytes(self.net, self.net.schedule(
+            tuple(self.solver.state_names))))
         model = measure_cpu(link) if self.device.kind == "cpu" else \
             CostModel.for_device("cuda")
-        self.solver = make_solver(config.solver)
         policy, self.reducer = lms_policy(config), None
         if world.distributed:
             policy = replace(policy, reduce_grads=True)
@@ -154,10 +156,11 @@ class Trainer:
                                f"labels in [0, {self.classes}) (the classifier's outputs)",
                                f"label {bad} in batch {batch}")
 
-    def make_device(self):
+    def make_device(self, need: int):
         """This rank's device: on ``cuda`` the GPU of its local rank. ``device.memory: auto`` in a
         data-parallel run: a share of what is free (the least any rank on the node sees, after
-        all have looked) divided by the ranks that share the device (on ``cpu``: the node's)."""
+        all have looked) divided by the ranks that share the device (on ``cpu``: the node's).
+        ``auto`` takes no more than ``need``, what the net needs with LMS off."""
         device, world = self.config.device, self.world
         kind, memory, device_id, gpus = resolve_kind(device.kind), device.memory, 0, 1
         if kind == "cuda":
@@ -174,9 +177,9 @@ class Trainer:
             else:
                 free = host_memory_info()[0]
             free = int(world.sum([free], "sharing device memory", local=True, op="min")[0])
-            memory = memory_share(free, AUTO_FRACTION[kind],
-                                  sharers(world.local_rank, world.local_size, gpus))
-        return make_device(kind, memory, device.link, device_id)
+            memory = min(need, memory_share(free, AUTO_FRACTION[kind],
+                                            sharers(world.local_rank, world.local_size, gpus)))
+        return make_device(kind, memory, device.link, device_id, need=need)
 
     # -- state -----------------------------------------------------------------------------------
     def parameters(self) -> dict:

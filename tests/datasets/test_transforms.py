@@ -84,6 +84,23 @@ def test_channel_stats_match_numpy_over_the_whole_split():
     assert np.abs(sampled - mean).max() < 0.1
 
 
+def test_channel_stats_read_no_more_images_than_max_pixels_hold(monkeypatch):
+    """Large images: the sample is cut to ``max_pixels`` a channel (never below 16 images), and
+    the statistics are those of the images it read."""
+    images = (np.random.default_rng(3).random((40, 3, 8, 8)) * 255).astype(np.uint8)
+    ds = ArrayDataset("t", "train", ["a"], images, np.zeros(40))
+    read = []
+    real_get = ds.get
+    monkeypatch.setattr(ds, "get", lambda idx: read.extend(idx) or real_get(idx))
+    mean, _ = channel_stats(ds, max_pixels=20 * 64)         # 20 images' pixels
+    assert len(read) == 20 and len(set(read)) == 20
+    scaled = images[sorted(read)].astype(np.float64) / 255
+    np.testing.assert_allclose(mean, scaled.mean(axis=(0, 2, 3)), rtol=1e-5)
+    read.clear()
+    channel_stats(ds, max_pixels=64)                          # one image's: at least 16
+    assert len(read) == 16
+
+
 def test_augment_applies_crop_flip_then_normalise_reproducibly():
     images = batch(n=8)
     augment = Augment(crop_padding=1, flip=True, mean=[0.5] * 3, std=[0.25] * 3)

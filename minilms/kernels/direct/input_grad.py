@@ -34,6 +34,7 @@ from .vector_ir import I64, VL, Vectors
 __all__ = ["valid_taps", "sample_lanes_pay", "conv_input_grad_lanes"]
 
 LANES_MIN_SIZE = 1 << 17    # elements of dx below which a GEMM is faster (sample_lanes_pay)
+GEMM_CHANNELS = 128          # input channels from which the GEMM is faster (sample_lanes_pay)
 BLOCK = 16        # channels a call: 16 accumulators, one dy vector and room to spare (32 zmm)
 
 
@@ -158,14 +159,16 @@ def sample_lanes_pay(x_shape, weight_shape, geometry) -> bool:
     ResNet-18/4's layers; the figures in docs/benchmarks.md): strides above 1 and kernels above
     3x3, with 16 or more input channels, a batch that fills at least half of each vector and a
     ``dx`` of at least ``LANES_MIN_SIZE`` elements (below it, as in ResNet-18/4's 8x8
-    downsampling, two launches and a transpose cost more than the work). Not 1x1 kernels: their
-    col is ``dy``-sized and col2im cheap."""
+    downsampling, two launches and a transpose cost more than the work), and fewer than
+    ``GEMM_CHANNELS`` input channels (from there, full-size ResNets' downsampling layers, the
+    GEMM ``weight^T @ dy`` has ``C * kh * kw`` rows and runs near BLAS's rate). Not 1x1
+    kernels: their col is ``dy``-sized and col2im cheap."""
     samples = x_shape[0]
     kernel_size, stride = geometry[0], geometry[1]
     taps = kernel_size[0] * kernel_size[1]
     lanes_used = samples / (-(-samples // VL) * VL)
     size = int(np.prod(x_shape))
-    return lanes_used >= 0.5 and weight_shape[1] >= 16 and taps > 1 and \
+    return lanes_used >= 0.5 and 16 <= weight_shape[1] < GEMM_CHANNELS and taps > 1 and \
         size >= LANES_MIN_SIZE and (stride != (1, 1) or taps > 9)
 
 

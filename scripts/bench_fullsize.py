@@ -1,0 +1,299 @@
+"""Training at full size on the ``cpu`` device: minilms LMS off, minilms LMS on in a small pool, and
+PyTorch on the CPU, with the same threads, against the machine's SGEMM rate measured in this run.
+
+    python scripts/bench_fullsize.py [--cases resnet50:224:8 resnet152:224:16 ...]
+                                     [--iters 3] [--runs 2] [--warmup 1] [--pool-fraction 8]
+                                     [--torch-python PATH] [--no-torch] [--big] [--smoke]
+
+Each case is ``model:image size:batch``. Each contender runs in a process of its own, one after
+another (never side by side: two cores): the process builds the net, times ``--runs`` runs of
+``--iters`` iterations after ``--warmup`` untimed ones (which compile), and reports its best run
+and its peak resident memory (``VmHWM``). A process of its own gives each its own peak, and gives
+PyTorch its own defaults: minilms sets ``OMP_WAIT_POLICY=PASSIVE`` and ``OPENBLAS_THREAD_TIMEOUT``
+for itself, and PyTorch's OpenMP runs slower with the former, so the PyTorch process imports torch
+before anything of minilms. PyTorch runs with ``--torch-python`` (default: this interpreter, if it
+has torch): the project's own environment stays free of torch.
+
+Rows: PyTorch (the baseline), minilms LMS off (a pool that holds the whole net), minilms LMS on
+(``policy: auto`` in a pool of 1/``--pool-fraction`` of what LMS off needs, or the least pool if
+that is more). Columns: seconds per iteration, images/s, the ratio to PyTorch's images/s (goal
+1.2x), model GFLOP/s (three times the forward's FLOPs a training iteration, the usual count, for
+every row alike) and their share of the SGEMM rate (goal 65%), the peak resident memory and, for
+minilms, the plan's host figure (``host_memory``: what the plan says the run needs) and their
+ratio (goal: within 10%).
+
+``--big`` adds GoogLeNet at 2240x2240 with LMS on, at the largest batch whose plan's host figure
+fits in three quarters of this machine's available memory (PyTorch where LMS off would fit).
+``--smoke``: a small ResNet at 32x32, one short run: for the test suite.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOAL_TORCH, GOAL_SGEMM, GOAL_HOST = 1.2, 0.65, 0.10
+DEFAULT_CASES = ["resnet50:224:8", "resnet50:224:16", "resnet152:224:8", "resnet152:224:16",
+                 "googlenet:224:8"]
+
+
+# -- the worker: one contender in one process ----------------------------------------------------
+
+def peak_rss() -> int:
+    """The process's peak resident set (VmHWM), bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def time_runs(step, iters, runs, warmup) -> float:
+    for _ in range(warmup):
+        step()
+    best = float("inf")
+    for _ in range(runs):
+        began = time.perf_counter()
+        for _ in range(iters):
+            step()
+        best = min(best, (time.perf_counter() - began) / iters)
+    return best
+
+
+def build(case, np):
+    from minilms import zoo
+    from minilms.net import Net
+    model, size, batch = case["model"], case["size"], case["batch"]
+    classes = case.get("classes", 1000)
+    layers = zoo.MODELS[model](num_classes=classes, width=case.get("width", 1))
+    net = Net(layers, {"data": ((batch, 3, size, size), np.float32),
+                       "label": ((batch,), np.int32)})
+    rng = np.random.default_rng(0)
+    inputs = {"data": rng.random((batch, 3, size, size), dtype=np.float32),
+              "label": rng.integers(0, classes, batch).astype(np.int32)}
+    return net, inputs
+
+
+def minilms_worker(case) -> dict:
+    import minilms  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
+    import numpy as np
+
+    from minilms.device import make_device
+    from minilms.lms import LmsExecutor, Policy, host_memory, least_pool, resident_bytes
+    from minilms.solver import SGD
+    net, inputs = build(case, np)
+    steps = net.schedule(("momentum",))
+    resident = resident_bytes(net, steps)
+    if case["lms"]:
+        policy = Policy(policy="auto")
+        pool = max(resident // case["fraction"], least_pool(net, steps, policy))
+    else:
+        policy, pool = Policy(enabled=False), resident + 2**20
+    device = make_device("cpu", pool)
+    began = time.perf_counter()
+    executor = LmsExecutor(net, device, SGD(0.01, momentum=0.9), policy)
+    plan_s = time.perf_counter() - began
+    seconds = time_runs(lambda: executor.iterate(inputs), case["iters"], case["runs"],
+                        case["warmup"])
+    host = host_memory(executor.plan, net, device)
+    return {"seconds": seconds, "rss": peak_rss(), "host": host.total, "pool": pool,
+            "resident": resident, "plan_s": plan_s, "flops": 3 * net_flops(net),
+            "blas_spin_fixed": minilms.BLAS_SPIN_FIXED}
+
+
+def net_flops(net) -> int:
+    return sum(layer.flops() for layer in net.layers)
+
+
+def torch_worker(case) -> dict:
+    import torch  # first: its OpenMP starts with its own defaults, before minilms sets any
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT))
+    import numpy as np
+    from bench_vs_torch import torch_model
+    torch.set_num_threads(case["threads"])
+    net, inputs = build(case, np)
+    model, _ = torch_model(torch, net)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.from_numpy(inputs["data"])
+    y = torch.from_numpy(inputs["label"].astype(np.int64))
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+
+    seconds = time_runs(step, case["iters"], case["runs"], case["warmup"])
+    return {"seconds": seconds, "rss": peak_rss(), "flops": 3 * net_flops(net),
+            "version": torch.__version__}
+
+
+# -- the parent: cases, processes, the table ------------------------------------------------------
+
+def sgemm_rate(n=2048, repeats=5) -> float:
+    """numpy's float32 GEMM on ``n x n`` matrices, best of ``repeats``, FLOP/s."""
+    import minilms  # noqa: F401, I001  (first, as above)
+    import numpy as np
+    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    b, c = a.copy(), np.empty_like(a)
+    np.matmul(a, b, out=c)
+    best = float("inf")
+    for _ in range(repeats):
+        began = time.perf_counter()
+        np.matmul(a, b, out=c)
+        best = min(best, time.perf_counter() - began)
+    return 2 * n**3 / best
+
+
+def run_worker(python, kind, case) -> dict:
+    env = dict(os.environ)
+    if kind == "torch":      # PyTorch's defaults, not minilms' thread settings
+        env.pop("OMP_WAIT_POLICY", None)
+        env.pop("OPENBLAS_THREAD_TIMEOUT", None)
+    done = subprocess.run([python, __file__, "--worker", kind, json.dumps(case)], env=env,
+                          capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"{kind} worker exit {done.returncode}: {tail[0]}"}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def torch_python(args):
+    if args.no_torch:
+        return None
+    python = args.torch_python or sys.executable
+    probe = subprocess.run([python, "-c", "import torch"], capture_output=True)
+    return python if probe.returncode == 0 else None
+
+
+def parse_case(text):
+    try:
+        model, size, batch = text.split(":")
+        return {"model": model, "size": int(size), "batch": int(batch)}
+    except ValueError:
+        sys.exit(f"bench_fullsize: --cases: expected model:size:batch, found {text!r}")
+
+
+def big_case(args, threads):
+    """GoogLeNet at 2240x2240 at the largest batch whose plan's host figure fits in 3/4 of the
+    available memory, LMS on; None if not even batch 1 fits."""
+    import minilms  # noqa: F401, I001  (first, as above)
+    import numpy as np
+
+    from minilms.device import make_device
+    from minilms.lms import Policy, host_memory, least_pool, make_plan, resident_bytes
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    chosen = None
+    for batch in range(1, 9):
+        net, _ = build({"model": "googlenet", "size": 2240, "batch": batch}, np)
+        steps = net.schedule(("momentum",))
+        policy = Policy(policy="auto")
+        pool = max(resident_bytes(net, steps) // args.pool_fraction,
+                   least_pool(net, steps, policy))
+        with make_device("cpu", 1) as device:     # the plan only: no pool of that size
+            plan = make_plan(net, steps, pool, policy)
+            need = host_memory(plan, net, device, pool=pool).total
+        if need > 0.75 * available:
+            break
+        chosen = {"model": "googlenet", "size": 2240, "batch": batch}
+    return chosen
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cases", nargs="+", default=DEFAULT_CASES, metavar="MODEL:SIZE:BATCH")
+    p.add_argument("--iters", type=int, default=3, help="iterations per timed run")
+    p.add_argument("--runs", type=int, default=2, help="timed runs; the best one counts")
+    p.add_argument("--warmup", type=int, default=1, help="untimed iterations first (compile)")
+    p.add_argument("--pool-fraction", type=int, default=8, help="LMS on: pool = LMS off / this")
+    p.add_argument("--threads", type=int, default=None, help="default: numba.get_num_threads()")
+    p.add_argument("--torch-python", default=None, help="an interpreter that has torch")
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--big", action="store_true", help="add GoogLeNet at 2240x2240, LMS on")
+    p.add_argument("--smoke", action="store_true", help="tiny and quick: for the test suite")
+    p.add_argument("--worker", nargs=2, metavar=("KIND", "CASE"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        kind, case = args.worker[0], json.loads(args.worker[1])
+        result = (torch_worker if kind == "torch" else minilms_worker)(case)
+        print("RESULT " + json.dumps(result))
+        return 0
+    import numba
+    threads = args.threads or numba.get_num_threads()
+    cases = [parse_case(text) for text in args.cases]
+    if args.smoke:
+        cases = [{"model": "resnet50", "size": 32, "batch": 2, "width": 16, "classes": 10}]
+        args.iters, args.runs, args.warmup = 1, 1, 1
+    if args.big and not args.smoke:
+        big = big_case(args, threads)
+        print("GoogLeNet at 2240x2240: " + (f"batch {big['batch']} fits, LMS on" if big else
+                                            "not even batch 1 fits this machine's memory"))
+        if big:
+            cases.append(dict(big, only_lms=True))
+    python = torch_python(args)
+    rate = sgemm_rate(256 if args.smoke else 2048)
+    print(f"bench_fullsize: {threads} threads each; numpy SGEMM {rate / 1e9:.0f} GFLOP/s (this "
+          f"run); LMS on in 1/{args.pool_fraction} of LMS off's pool; best of {args.runs} runs "
+          f"of {args.iters} iterations; PyTorch: "
+          + (python if python else "not run (--torch-python PATH, or pip install torch)"))
+    header = (f"{'case':22} {'row':12} {'s/iter':>7} {'img/s':>7} {'vs torch':>8} {'GFLOP/s':>8} "
+              f"{'SGEMM':>6} {'peak RSS':>9} {'plan host':>9} {'RSS/plan':>8}")
+    print(header)
+    print("-" * len(header))
+    summary = []
+    for case in cases:
+        case.update(iters=args.iters, runs=args.runs, warmup=args.warmup, threads=threads,
+                    fraction=args.pool_fraction)
+        name = f"{case['model']} {case['size']} b{case['batch']}"
+        rows = []
+        if python and not case.get("only_lms"):
+            rows.append(("PyTorch", run_worker(python, "torch", case)))
+        if not case.get("only_lms"):
+            rows.append(("LMS off", run_worker(sys.executable, "minilms", dict(case, lms=False))))
+        rows.append(("LMS on", run_worker(sys.executable, "minilms", dict(case, lms=True))))
+        base = next((r for label, r in rows if label == "PyTorch" and "seconds" in r), None)
+        for label, r in rows:
+            if "error" in r:
+                print(f"{name:22} {label:12} {r['error']}")
+                continue
+            summary.append((name, label, r, base, rate))
+            print(format_row(name, label, r, base, rate, case["batch"]))
+    print()
+    for name, label, r, base, rate_ in summary:
+        if label == "PyTorch":
+            continue
+        verdicts = []
+        if base:
+            ratio = base["seconds"] / r["seconds"]
+            verdicts.append(f"{ratio:.2f}x PyTorch (goal {GOAL_TORCH}x: "
+                            f"{'met' if ratio >= GOAL_TORCH else 'not met'})")
+        share = r["flops"] / r["seconds"] / rate_
+        verdicts.append(f"{share:.0%} of SGEMM (goal {GOAL_SGEMM:.0%}: "
+                        f"{'met' if share >= GOAL_SGEMM else 'not met'})")
+        off = abs(r["rss"] / r["host"] - 1)
+        verdicts.append(f"peak RSS {off:.0%} from the plan's host figure (goal within "
+                        f"{GOAL_HOST:.0%}: {'met' if off <= GOAL_HOST else 'not met'})")
+        print(f"{name}, {label}: " + "; ".join(verdicts))
+    return 0
+
+
+def format_row(name, label, r, base, rate, batch) -> str:
+    gib = 2**30
+    ratio = f"{base['seconds'] / r['seconds']:.2f}x" if base else "-"
+    gflops = r["flops"] / r["seconds"]
+    host = f"{r['host'] / gib:.2f} GiB" if "host" in r else "-"
+    vs_plan = f"{r['rss'] / r['host']:.2f}" if "host" in r else "-"
+    return (f"{name:22} {label:12} {r['seconds']:7.3f} {batch / r['seconds']:7.2f} {ratio:>8} "
+            f"{gflops / 1e9:8.0f} {gflops / rate:6.0%} {r['rss'] / gib:5.2f} GiB {host:>9} "
+            f"{vs_plan:>8}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
