@@ -10,6 +10,12 @@ The state machine is Caffe's SyncedMemory, with the head of the data in one of f
 Reads sync (copy the truth to where it is read); writes move the head there. ``release`` gives the
 slot back to the pool: a dirty blob that is still needed is copied home first (swap-out); any other
 blob is dropped without a copy. Data that is still needed is never lost.
+
+The host copy (the *home*) is allocated on first need, not with the blob: a blob that lives its
+whole life in the pool (workspace; with LMS off, nearly everything) never has one. Whoever must
+not allocate mid-iteration gives homes up front with ``ensure_home`` (the LMS executor does, for
+the blobs its plan says need one: ``minilms.lms.host``). ``has_home`` says whether one exists;
+``host`` is the raw host copy, and gives a blob without one a home that is never garbage.
 """
 from enum import Enum
 
@@ -31,8 +37,7 @@ class State(Enum):
 
 
 class Blob:
-    """``Blob(device, name, shape, dtype, role)``: host copy allocated now, device slot on
-    demand."""
+    """``Blob(device, name, shape, dtype, role)``: host copy and device slot on demand."""
 
     def __init__(self, device: Device, name: str, shape, dtype=np.float32, role="activation"):
         if role not in ROLES:
@@ -40,12 +45,40 @@ class Blob:
         self.device, self.name, self.role = device, name, role
         self.shape = tuple(int(n) for n in shape)
         self.dtype = np.dtype(dtype)
-        self.host = device.alloc_host(self.shape, self.dtype)
-        self.nbytes = self.host.nbytes
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self._host: np.ndarray | None = None
         self.state = State.UNINITIALIZED
         self.slot: Slot | None = None
         self._device_view = None
         self._views: dict = {}     # offset -> device view: a plan places a blob at few offsets
+
+    # -- the home -------------------------------------------------------------------------------
+    @property
+    def has_home(self) -> bool:
+        """Whether the host copy has been allocated."""
+        return self._host is not None
+
+    def ensure_home(self) -> np.ndarray:
+        """Allocate the host copy if there is none (``device.alloc_host``: pinned on ``cuda``),
+        and return it. The state is unchanged: a fresh home holds nothing valid, and no state
+        says it does (the head is never ``host`` or ``synced`` without one)."""
+        if self._host is None:
+            self._host = self.device.alloc_host(self.shape, self.dtype)
+        return self._host
+
+    @property
+    def host(self) -> np.ndarray:
+        """The host copy itself: no sync, so stale while the head is on the device. A blob
+        without one gets one now, never garbage: the device's data if the head is there (copied
+        home, state ``synced``), else zeros (``uninitialized``: what a read would see)."""
+        if self._host is None:
+            home = self.ensure_home()
+            if self.state is State.DEVICE:
+                self._copy_home(None)
+                self._set_state(State.SYNCED)
+            else:
+                home.fill(0)
+        return self._host
 
     # -- placement -------------------------------------------------------------------------------
     @property
@@ -95,7 +128,7 @@ class Blob:
     def host_data(self) -> np.ndarray:
         """The data on the host, for reading (a read-only view)."""
         self._to_host()
-        view = self.host.view()
+        view = self._host.view()
         view.flags.writeable = False
         return view
 
@@ -105,7 +138,7 @@ class Blob:
         if not overwrite:
             self._to_host()
         self._set_state(State.HOST)
-        return self.host
+        return self.ensure_home()
 
     def device_data(self, stream=None):
         """The device copy, for reading by a kernel: places the blob if it has no slot."""
@@ -149,7 +182,7 @@ class Blob:
     # -- the transitions -------------------------------------------------------------------------
     def _to_host(self) -> None:
         if self.state is State.UNINITIALIZED:
-            self.host.fill(0)
+            self.ensure_home().fill(0)
             self._set_state(State.HOST)
         elif self.state is State.DEVICE:
             self._copy_home(None)
@@ -165,14 +198,14 @@ class Blob:
             if events.listening:
                 events.emit("h2d", self.name, self.nbytes, role=self.role,
                             stream=self._stream_name(stream))
-            self.device.h2d(self._device_view, self.host, stream, self.name)
+            self.device.h2d(self._device_view, self._host, stream, self.name)
             self._set_state(State.SYNCED)
 
     def _copy_home(self, stream) -> None:
         if events.listening:
             events.emit("d2h", self.name, self.nbytes, role=self.role,
                         stream=self._stream_name(stream))
-        self.device.d2h(self.host, self._device_view, stream, self.name)
+        self.device.d2h(self.ensure_home(), self._device_view, stream, self.name)
 
     def _stream_name(self, stream) -> str:
         if stream is None:
@@ -187,6 +220,7 @@ class Blob:
 
     def __repr__(self) -> str:
         where = f"@{self.slot.offset}" if self.slot else "unplaced"
+        where += "" if self._host is not None else ", no home"
         return (f"<Blob {self.name} {self.role} {self.shape} {self.dtype} {self.state.value} "
                 f"{where}>")
 

@@ -63,3 +63,26 @@ def test_bench_mpi_smoke(capsys):
     assert re.search(r"ratio 2 ranks / 1 rank images/s: [\d.]+x against 1 rank with 2 threads",
                      out)
     assert "load average" in out
+
+
+def test_bench_host_memory_smoke(capsys):
+    """The smoke run measures in this process: the figure is printed, every blob with a home had
+    it once built, and the peak less what the process keeps (kernels loaded) is near the figure
+    (loosely: other tests may have left memory behind that this run reuses)."""
+    assert run_script("bench_host_memory.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    assert "process baseline (resident after the imports" in out
+    for mode in ("LMS auto", "LMS off"):
+        row = re.search(rf"^{mode} +([\d.]+ +){{5}}([\d.]+)x +[\d.-]+ +([\d.]+)x +(\d+)/(\d+)/"
+                        rf"(\d+)$", out, re.M)
+        assert row, out
+        ratio = float(row.group(3))
+        built, after, blobs = (int(row.group(i)) for i in (4, 5, 6))
+        assert 0.7 <= ratio <= 1.6, out
+        assert built == after < blobs
+    assert re.search(r"figure: [\d.]+ \w+ \(pinned 0 B, pageable [\d.]+ \w+: [\d.]+ \w+ blob homes "
+                     r"of \d+ blobs, [\d.]+ \w+ pool \(host RAM on cpu\), [\d.]+ \w+ batches x1\)",
+                     out)
+    assert re.search(r"goal: peak growth within 10% of the plan's figure, LMS auto in [\d.]+ MiB: "
+                     r"[\d.]+x \((met|not met)\)", out)
+    assert "goal: peak growth less the process's one-time cost within 10%" in out

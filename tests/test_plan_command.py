@@ -76,3 +76,41 @@ def test_resnet152_on_a_16_gib_device_plans_as_before_in_a_second(capsys):
                  "predicted iteration  500013.81 ms  (compute 493796.90 ms, stall 6216.85 ms "
                  "with prefetch 2; stall 9599.80 ms with prefetch 0)"):
         assert line in out, out
+
+
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def size(text: str) -> float:
+    number, unit = text.split()
+    return float(number) * UNITS[unit]
+
+
+@pytest.mark.parametrize("summary", [[], ["--summary"]], ids=["table", "summary"])
+def test_the_host_memory_line(capsys, summary):
+    """Beside the device figures: what the host needs (homes, the pool on cpu, the loader's
+    batches: prefetch 2, so four), its parts adding up to the total, and the process as it is."""
+    code, out, err = plan(capsys, CONFIGS[0].parent / "quickstart.yaml", *summary)
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if line.startswith("host memory"))
+    found = re.fullmatch(r"host memory +([\d.]+ \w+)  \(pinned 0 B, pageable ([\d.]+ \w+): "
+                         r"([\d.]+ \w+) blob homes of \d+ blobs, 12.00 MiB pool \(host RAM on "
+                         r"cpu\), ([\d.]+ \w+) batches x4\)", line)
+    assert found, line
+    total, pageable, homes, batches = (size(g) for g in found.groups())
+    assert total == pageable and abs(homes + 12 * 2**20 + batches - total) < 0.02 * 2**20
+    assert abs(batches - 4 * (32 * 3 * 32 * 32 * 4 + 32 * 4)) < 0.01 * 2**20   # 4 batches of 32
+    assert re.search(r"^  \+ the process +[\d.]+ MiB  \(resident in this one now", out, re.M)
+
+
+def test_the_host_memory_line_on_cuda_is_pinned_homes_and_no_pool(capsys):
+    code, out, err = plan(capsys, CONFIGS[0].parent / "quickstart.yaml", "--summary",
+                          "device.kind=cuda", "device.link=null", "device.memory=64MiB")
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if line.startswith("host memory"))
+    found = re.fullmatch(r"host memory +[\d.]+ \w+  \(pinned ([\d.]+ \w+), pageable "
+                         r"([\d.]+ \w+): ([\d.]+ \w+) blob homes of \d+ blobs \(pinned\), "
+                         r"[\d.]+ \w+ batches x4\)", line)
+    assert found, line
+    pinned, pageable, homes = (size(g) for g in found.groups())
+    assert pinned == homes > 0 and abs(pageable - 4 * (32 * 3 * 32 * 32 * 4 + 32 * 4)) < 2**14

@@ -4,7 +4,9 @@ Prints the plan for one training iteration of the config's model at its batch si
 ``device.memory``: a table per layer (output shape, parameters, the largest working set of its
 steps, bytes brought in and sent out per iteration for the blobs it owns, bytes pinned), then the
 totals: whether it fits without LMS, the least pool LMS needs, the plan's peak, bytes moved per
-iteration, and the predicted step time and stall with this plan's prefetch and without.
+iteration, the predicted step time and stall with this plan's prefetch and without, and the host
+memory the run needs (``minilms.lms.host``: the blobs' host copies, pinned on ``cuda``; the pool,
+which is host RAM on ``cpu``; the loader's batches), beside what this process holds now.
 
 Planning allocates no device memory: a 16 GiB device plans on a laptop, and so does GoogLeNet at
 2240x2240. A blob *belongs* to the layer whose step touches it first (its parameters, its output,
@@ -15,9 +17,11 @@ from dataclasses import replace
 
 from ..config.build import build_net, cost_model, device_kind, lms_policy, load, planned_capacity
 from ..device import parse_link
+from ..device.cpu import host_memory_info
 from ..errors import PlanError
 from ..lms.bounds import least_pool, resident_bytes, working_set_bytes
 from ..lms.cost import plan_for, simulate
+from ..lms.host import host_memory, loader_batches, process_resident
 from ..lms.plan import Plan
 from ..lms.planner import make_plan
 from ..sizes import format_bytes
@@ -134,7 +138,25 @@ def report(config, link=None, summary: bool = False) -> str:
             f"{timeline.compute_seconds * 1e3:.2f} ms, stall {timeline.stall_seconds * 1e3:.2f} "
             f"ms with prefetch {plan.policy.prefetch}; stall "
             f"{no_prefetch.stall_seconds * 1e3:.2f} ms with prefetch 0)"]
+    out += host_lines(plan, device_kind(config), config.data.prefetch)
     return "\n".join(out)
+
+
+def host_lines(plan: Plan, kind: str, prefetch: int) -> list[str]:
+    """What the host needs: the blobs' homes, the pool on ``cpu``, the loader's batches; then
+    the process itself, measured as it stands (the kernels a run loads come on top)."""
+    host = host_memory(plan, kind, loader_batches(prefetch))
+    lines = [f"host memory          {format_bytes(host.total):>12}  ({host.breakdown()})"]
+    resident = process_resident()
+    if resident is not None:
+        lines.append(f"  + the process      {format_bytes(resident):>12}  (resident in this one "
+                     "now: Python, numpy, Numba, minilms, the net; a run adds its compiled "
+                     "kernels)")
+    available, _ = host_memory_info()
+    if host.total + (resident or 0) > available:
+        lines.append(f"note: the host needs more than the {format_bytes(available)} this machine "
+                     "has available")
+    return lines
 
 
 def main(argv=None) -> int:

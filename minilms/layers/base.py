@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import ShapeError
 
 LAYERS: dict[str, type["Layer"]] = {}
+FILL_CHUNK = 8192   # float64 draws at a time in ParamSpec.fill: 64 KiB, under malloc's mmap bar
 
 
 def register(cls):
@@ -42,17 +43,34 @@ class ParamSpec:
     learnable: bool = True
 
     def initial(self, rng: np.random.Generator, dtype=np.float32) -> np.ndarray:
-        if self.init == "zeros":
-            return np.zeros(self.shape, dtype)
-        if self.init == "ones":
-            return np.ones(self.shape, dtype)
+        """A new array of the initial values (``fill`` writes the same into an array)."""
+        out = np.empty(self.shape, dtype)
+        self.fill(out, rng)
+        return out
+
+    def fill(self, out: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Write the initial values into ``out`` (C-contiguous, this shape) and return it: the
+        normal draws in float64, scaled, rounded to ``out``'s dtype, ``FILL_CHUNK`` at a time.
+        The generator draws the same sequence in pieces as in one call, so the values do not
+        depend on the chunk; no temporary the size of the parameter is made (float64 ones of
+        tens of MiB would stay in the C heap as free memory the process still holds)."""
+        if tuple(out.shape) != tuple(self.shape) or not out.flags.c_contiguous:
+            raise ValueError(f"parameter {self.name}: fill wants a C-contiguous {self.shape}, "
+                             f"found {out.shape}")
+        if self.init in ("zeros", "ones"):
+            out[...] = 0 if self.init == "zeros" else 1
+            return out
         if self.init == "he":  # Kaiming normal, fan_in, for ReLU nets
             std = np.sqrt(2.0 / self.fan_in)
         elif self.init == "xavier":  # Glorot uniform, as a normal of the same variance
             std = np.sqrt(2.0 / (self.fan_in + self.fan_out))
         else:
             raise ValueError(f"unknown initialiser {self.init!r} for parameter {self.name}")
-        return (rng.standard_normal(self.shape) * std).astype(dtype)
+        flat = out.reshape(-1)
+        for start in range(0, flat.size, FILL_CHUNK):
+            part = flat[start:start + FILL_CHUNK]
+            part[...] = rng.standard_normal(part.size) * std
+        return out
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The LMS engine: from a net's static schedule to a plan, and the plan replayed.
 
 ``liveness`` (every blob's next need), ``plan`` (the plan's types and the knobs, ``Policy``),
-``planner`` (``make_plan``), ``bounds`` (``least_pool``: how much pool a net needs), ``check`` (an
-independent replay of a plan),
+``planner`` (``make_plan``), ``bounds`` (``least_pool``: how much pool a net needs), ``host``
+(``host_memory``: how much host memory a plan needs), ``check`` (an independent replay of a plan),
 ``cost`` (the cost model, the two-stream timeline, ``policy: auto``), ``executor`` (a step turned
 into a layer call; ``ResidentExecutor``, LMS off, the reference) and ``replay`` (``LmsExecutor``,
 which replays a plan on the copy and compute streams). Start with ``planner`` and ``replay``.
@@ -11,10 +11,12 @@ from .bounds import least_pool, resident_bytes, working_set_bytes
 from .check import check_plan
 from .cost import CostModel, auto_plan, measure_cpu, plan_for, simulate
 from .executor import Executor, ResidentExecutor
+from .host import HostMemory, homes, host_memory, loader_batches
 from .plan import Action, Plan, Policy, StepPlan
 from .planner import make_plan
 from .replay import LmsExecutor
 
-__all__ = ["Action", "CostModel", "Executor", "LmsExecutor", "Plan", "Policy", "ResidentExecutor",
-           "StepPlan", "auto_plan", "check_plan", "least_pool", "make_plan", "measure_cpu",
-           "plan_for", "resident_bytes", "simulate", "working_set_bytes"]
+__all__ = ["Action", "CostModel", "Executor", "HostMemory", "LmsExecutor", "Plan", "Policy",
+           "ResidentExecutor", "StepPlan", "auto_plan", "check_plan", "homes", "host_memory",
+           "least_pool", "loader_batches", "make_plan", "measure_cpu", "plan_for",
+           "resident_bytes", "simulate", "working_set_bytes"]

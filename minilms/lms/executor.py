@@ -40,7 +40,7 @@ class Executor:
         for layer in self.net.layers:
             for spec in layer.params():
                 blob = self.blobs[f"{layer.name}.{spec.name}"]
-                blob.mutable_host_data()[...] = spec.initial(rng, blob.dtype)
+                spec.fill(blob.mutable_host_data(overwrite=True), rng)
         for blob in self.blobs.values():
             if blob.role == "optimizer_state":
                 blob.mutable_host_data()[...] = 0

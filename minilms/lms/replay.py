@@ -22,6 +22,10 @@ hands a gradient's host copy to the reducer behind an event on the copy stream (
 between steps the reducer starts the averaging of those whose copies have landed, while earlier
 layers' backward steps compute; a ``swap_in`` of a gradient first waits for its average.
 
+The blobs the plan moves across the link, the inputs and outputs the host writes and reads, and
+parameters and optimizer state get their host copies (homes) when the plan is made, before the
+first iteration (``minilms.lms.host``); every other blob lives in the pool only and has none.
+
 A plan is made once per input shape and mode (training, or forward only for evaluation) and
 cached: a smaller last batch gets its own. Switching between them sends the pinned blobs of the one
 left home; parameters and optimizer state are the same ``Blob`` objects in all of them.
@@ -33,6 +37,7 @@ from ..blob import Blob, State
 from ..net import Net
 from .cost import CostModel, plan_for
 from .executor import Executor
+from .host import HostMemory, homes, host_memory
 from .plan import Plan, Policy
 
 
@@ -120,6 +125,8 @@ class LmsExecutor(Executor):
                     blobs[name] = blob
                 else:
                     blobs[name] = Blob(self.device, name, info.shape, info.dtype, info.role)
+            for name in homes(plan):     # the homes the plan needs, now: none mid-iteration
+                blobs[name].ensure_home()
             self.programs[key] = Program(net, plan, blobs, train)
         return self.programs[key]
 
@@ -151,6 +158,11 @@ class LmsExecutor(Executor):
     @property
     def plan(self) -> Plan:
         return self.current.plan
+
+    def host_memory(self, batches: int = 0) -> HostMemory:
+        """The host memory the current plan needs on this device, with ``batches`` batches of
+        inputs held beside it (``minilms.lms.host``)."""
+        return host_memory(self.plan, self.device.kind, batches)
 
     def sync_state(self) -> None:
         """Bring parameters and optimizer state home (they may be newer on the device)."""

@@ -34,6 +34,7 @@ from ..device.cpu import host_memory_info
 from ..errors import ConfigError, DatasetError, DivergedError
 from ..lms.bounds import resident_bytes
 from ..lms.cost import CostModel, measure_cpu
+from ..lms.host import host_memory, loader_batches
 from ..lms.replay import LmsExecutor
 from ..schedules import make_schedule
 from ..sizes import format_bytes
@@ -340,8 +341,14 @@ class Trainer:
                 f"{int(self.total_iters)} in all, on {self.device.name}\n"
                 f"{policy.describe()}: peak {format_bytes(plan.peak)} of "
                 f"{format_bytes(plan.capacity)}, moves {format_bytes(plan.bytes_moved('h2d'))} "
-                f"H2D and {format_bytes(plan.bytes_moved('d2h'))} D2H per iteration"
+                f"H2D and {format_bytes(plan.bytes_moved('d2h'))} D2H per iteration\n"
+                f"host memory {self.host_memory().describe()}, beside the process itself"
                 + "".join(f"\nnote: {n}" for n in plan.notes) + self.describe_world())
+
+    def host_memory(self):
+        """What the training plan needs on the host (``minilms.lms.host``), with the loader's
+        batches. Evaluation's forward-only plan adds the homes of the blobs it moves."""
+        return host_memory(self.plan, self.device.kind, loader_batches(self.config.data.prefetch))
 
     def describe_world(self) -> str:
         world, config = self.world, self.config

@@ -1,0 +1,116 @@
+"""How much host memory a plan needs, stated before anything runs.
+
+"How much CPU memory do I need?" is the question asked most about offloading. The plan answers it:
+
+* **homes**: a blob needs a host copy (its *home*) if the plan ever moves it across the link
+  (``swap_in``, ``swap_out``, ``sync``, or a ``reduce`` of its host copy), if the host writes it
+  (the inputs and the loss gradient seed, every iteration) or reads it (the outputs), or if it
+  outlives the iteration (parameters and optimizer state: initialised on the host, checkpointed
+  from there, sent there between plans). Every other blob, workspace always and with LMS off
+  nearly everything, lives its whole life in the pool and has no home (``Blob.ensure_home``; the
+  LMS executor gives exactly these blobs their homes before the first iteration).
+* **pinned** bytes: on ``cuda`` the homes are page-locked (``Device.alloc_host``), all of them,
+  and each of them crosses the link. **Pageable** bytes: everything else the host holds for the
+  run: the data loader's batches and, on ``cpu``, the homes and the pool itself, whose arena *is*
+  host RAM there (the simulated device's memory is the host's).
+* **batches**: the data loader (``minilms.datasets.BatchLoader``) holds ``prefetch + 2`` batches
+  at once (``loader_batches``): the one training, ``prefetch`` waiting, and one being made.
+
+What it does not count is the process itself: Python, numpy, Numba and its compiled kernels, the
+BLAS library's buffers, the net's Python objects (and on ``cuda`` the driver's context). That is
+measured, not guessed: ``scripts/bench_host_memory.py`` prints it beside a run's peak resident
+memory, whose growth over it the figure here predicts.
+"""
+from dataclasses import dataclass, field
+
+from ..sizes import format_bytes
+from .plan import Plan
+
+
+def homes(plan: Plan) -> list[str]:
+    """The blobs of ``plan`` that need a host copy, in the plan's order of its blobs."""
+    moved = {a.blob for a in plan.prologue if a.copies}
+    moved.update(a.blob for _, a in plan.actions() if a.copies or a.kind == "reduce")
+    kept = set(plan.persistent) | set(plan.host_inputs) | set(plan.outputs)
+    return [name for name in plan.blobs if name in moved or name in kept]
+
+
+def batch_bytes(plan: Plan) -> int:
+    """One batch of the net's inputs (``data``, ``label``) as the loader hands it over."""
+    return sum(plan.blobs[n].nbytes for n in plan.host_inputs if plan.blobs[n].role == "input")
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """The host memory a plan needs on a ``device_kind`` device, beyond the process itself."""
+    device_kind: str
+    homes: dict = field(repr=False)   # blob name -> bytes of its host copy
+    pool: int                         # the pool's arena on ``cpu`` (host RAM); 0 on ``cuda``
+    batches: int                      # the loader's batches
+    batch_count: int                  # how many of them
+
+    @property
+    def home_bytes(self) -> int:
+        return sum(self.homes.values())
+
+    @property
+    def pinned(self) -> int:
+        """Page-locked bytes: the homes on ``cuda``."""
+        return self.home_bytes if self.device_kind == "cuda" else 0
+
+    @property
+    def pageable(self) -> int:
+        return self.total - self.pinned
+
+    @property
+    def total(self) -> int:
+        return self.home_bytes + self.pool + self.batches
+
+    def breakdown(self) -> str:
+        """Pinned and pageable, and what they are made of: ``pinned 0 B, pageable 942.72 MiB:
+        682.12 MiB blob homes of 493 blobs, 256.00 MiB pool (host RAM on cpu), 18.38 MiB
+        batches x4``."""
+        parts = [f"{format_bytes(self.home_bytes)} blob homes of {len(self.homes)} blobs"
+                 + (" (pinned)" if self.pinned else "")]
+        if self.pool:
+            parts.append(f"{format_bytes(self.pool)} pool (host RAM on cpu)")
+        if self.batch_count:
+            parts.append(f"{format_bytes(self.batches)} batches x{self.batch_count}")
+        return (f"pinned {format_bytes(self.pinned)}, pageable {format_bytes(self.pageable)}: "
+                + ", ".join(parts))
+
+    def describe(self) -> str:
+        """The total and its ``breakdown``: ``942.72 MiB (pinned 0 B, pageable ...)``."""
+        return f"{format_bytes(self.total)} ({self.breakdown()})"
+
+
+def process_resident() -> int | None:
+    """Bytes this process holds resident now (``VmRSS``; None where /proc is not there): the
+    baseline the figure comes on top of, measured, for people."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def loader_batches(prefetch: int) -> int:
+    """The batches a ``BatchLoader`` with ``prefetch`` holds at once: the one training,
+    ``prefetch`` waiting in its queue, and one its thread is making (or waiting to hand over).
+    Without a thread (``prefetch=0``) the next is made while the last is still held: two."""
+    return prefetch + 2
+
+
+def host_memory(plan: Plan, device_kind: str, batches: int = 0) -> HostMemory:
+    """The host memory ``plan`` needs on a ``device_kind`` (``"cpu"`` or ``"cuda"``) device:
+    its blobs' homes, on ``cpu`` the pool, and ``batches`` batches of the net's inputs held
+    beside them (a trainer's loader: ``loader_batches(data.prefetch)``). Add the process itself
+    (measured) for what a run's resident memory peaks at."""
+    if device_kind not in ("cpu", "cuda"):
+        raise ValueError(f"device kind must be cpu or cuda, found {device_kind!r}")
+    return HostMemory(device_kind, {n: plan.blobs[n].nbytes for n in homes(plan)},
+                      plan.capacity if device_kind == "cpu" else 0,
+                      batches * batch_bytes(plan), batches)
