@@ -4,10 +4,14 @@ The readers (summary, plot, to_chrome, layer_table) index, add and compare what 
 one value of the wrong type (an offset that is a string, a start that is a list, a role nobody
 knows) would be a traceback in the middle of a picture. A check is a function (value, where)
 that raises Malformed; the file's shape is written below as checks built from a few leaves.
+
+Version 2 added the steps' times to the totals (``times``, ``times_pending``) and the layers'
+types to each plan (``types``). A version 1 file without them loads (its time tables say it
+holds no step times); a version 2 file must hold them.
 """
 import math
 
-from .fold import ROLE_ORDER
+from .fold import PHASES, ROLE_ORDER, SINCE_VERSION_2
 
 
 class Malformed(ValueError):
@@ -55,6 +59,7 @@ BYTES = _leaf(lambda v: type(v) is int and 0 <= v <= LIMIT, "a byte count (an in
 NUMBER = _leaf(_is_number, "a finite number")
 ROLE = _leaf(lambda v: type(v) is str and v in ROLE_ORDER, f"a role ({', '.join(ROLE_ORDER)})")
 DIRECTION = _leaf(lambda v: v in ("h2d", "d2h") and type(v) is str, "'h2d' or 'd2h'")
+PHASE = _leaf(lambda v: type(v) is str and v in PHASES, "a step kind (forward, backward, update)")
 
 
 def _described_as(expected: str):
@@ -126,8 +131,11 @@ PLAN_FIELDS = {"policy": TEXT, "capacity": BYTES, "train": FLAG, "roles": ROLES,
                "owners": _dict_of(TEXT, "a layer by blob name"),
                "predicted": _record({"h2d": BYTES, "d2h": BYTES, "peak": BYTES},
                                     "the bytes predicted per iteration (h2d, d2h, peak)"),
-               "least_pool": _optional(BYTES)}
-_PLAN = _record(PLAN_FIELDS, "a plan (a JSON object)", optional=("least_pool",), extra=False)
+               "least_pool": _optional(BYTES),
+               "types": _dict_of(TEXT, "a layer type by layer name")}
+PLAN_SINCE_VERSION_2 = ("types",)
+_PLAN = _record(PLAN_FIELDS, "a plan (a JSON object)",
+                optional=("least_pool", *PLAN_SINCE_VERSION_2), extra=False)
 
 
 @_described_as("a plan (a JSON object)")
@@ -139,6 +147,11 @@ def check_plan(value, where):
 
 
 DIRECTIONS = ("h2d", "d2h")
+STEP_TIMES = _dict_of(_dict_of(_row((NUMBER, COUNT), "[seconds, steps]"),
+                               "[seconds, steps] by step kind", key=PHASE),
+                      "the steps' times by layer name")
+TIMES = _record({"iterations": COUNT, "wall": NUMBER, "stall": NUMBER, "steps": STEP_TIMES},
+                "times (iterations, wall, stall, steps)", extra=False)
 TOTALS_FIELDS = {
     "peak": BYTES, "peak_time": _optional(NUMBER),
     "peak_step": _optional(_row((INTEGER, TEXT), "[step index, step name]")),
@@ -159,10 +172,13 @@ TOTALS_FIELDS = {
     "first_time": _optional(NUMBER), "last_time": _optional(NUMBER),
     "owner_layer": _dict_of(TEXT, "a layer by blob name"),
     "waiting": _list_of(_row((NUMBER, TEXT), "[time, owner]"), "a list of [time, owner]"),
-    "head_end": _optional(COUNT), "live": LIVE}
+    "head_end": _optional(COUNT), "live": LIVE,
+    "times": _optional(_dict_of(TIMES, "times by iteration kind")),
+    "times_pending": _optional(TIMES)}
 # Exactly these: Fold.from_json puts every key into the fold, so an extra one could replace
 # part of it (its "pool").
-_TOTALS = _record(TOTALS_FIELDS, "the totals (a JSON object)", extra=False)
+_TOTALS = _record(TOTALS_FIELDS, "the totals (a JSON object)", optional=SINCE_VERSION_2,
+                  extra=False)
 
 
 @_described_as("the totals (a JSON object)")
@@ -179,7 +195,7 @@ DETAILS = {
     "alloc": {"offset": INTEGER, "in_use": BYTES},
     "free": {"offset": INTEGER, "in_use": BYTES},
     "copy": {"direction": DIRECTION, **_SPAN, "stream": TEXT},
-    "kernel": {"layer": TEXT, "phase": TEXT, "step": INTEGER, **_SPAN},
+    "kernel": {"layer": TEXT, "phase": PHASE, "step": INTEGER, **_SPAN},
     "stall": {"step": INTEGER, **_SPAN},
     "iteration": {"index": INTEGER, **_SPAN},
     "gap": {"iterations": COUNT, "live": LIVE},
@@ -245,6 +261,15 @@ _DOCUMENT = _record({
     "events": check_events}, "a trace (a JSON object)")
 
 
-def check_document(document: dict) -> None:
+def check_document(document: dict, version: int) -> None:
     """Raise Malformed at the first field of a loaded trace file the readers could not use."""
     _DOCUMENT(document, "")
+    if version < 2:
+        return
+    for key in SINCE_VERSION_2:
+        if key not in document["totals"]:
+            raise Malformed(f"totals.{key}", TOTALS_FIELDS[key].expected, _MISSING)
+    for index, plan in enumerate(document["plans"]):
+        for key in PLAN_SINCE_VERSION_2:
+            if key not in plan:
+                raise Malformed(f"plans[{index}].{key}", PLAN_FIELDS[key].expected, _MISSING)

@@ -1,6 +1,7 @@
 """The trace's one pass over events: the pool replayed from its allocations and frees, by role,
-and the totals a ``Trace`` reports (peak and where, bytes by direction, stalls, per-layer counts),
-kept as a fold that resumes where it stopped, so reading a trace twice costs one pass.
+and the totals a ``Trace`` reports (peak and where, bytes by direction, stalls, per-layer counts,
+the steps' times by layer and phase), kept as a fold that resumes where it stopped, so reading a
+trace twice costs one pass.
 ``minilms.trace`` records the events and reads the results; this module only folds them.
 """
 from dataclasses import dataclass, field
@@ -10,12 +11,16 @@ from ..blob import ROLES
 ROLE_ORDER = ROLES + ("other",)
 BEFORE = "(before the trace)"
 KEEP_FIRST = 2         # iterations kept in full at the start: the prologue and a steady one
+PHASES = ("forward", "backward", "update")      # the kinds of step (``Step.kind``)
+# Totals a trace file holds since version 2; a version 1 file lacks them (None once loaded).
+SINCE_VERSION_2 = ("times", "times_pending")
 
 
 @dataclass
 class PlanInfo:
     """What the trace keeps of a ``Plan`` (plain data, saved as JSON). ``owners`` maps a blob to
-    the layer whose step touches it first, as ``python -m minilms.plan`` attributes it."""
+    the layer whose step touches it first, as ``python -m minilms.plan`` attributes it; ``types``
+    a layer to its type ("Convolution"; empty in a version 1 file)."""
     policy: str
     capacity: int
     train: bool
@@ -26,6 +31,7 @@ class PlanInfo:
     owners: dict
     predicted: dict            # per iteration: "h2d", "d2h" bytes, "peak"
     least_pool: int | None = None
+    types: dict = field(default_factory=dict)
     live: tuple | None = field(default=None, repr=False)   # (net, steps): to compute least_pool
 
     @classmethod
@@ -39,10 +45,17 @@ class PlanInfo:
                    {n: int(b.nbytes) for n, b in plan.blobs.items()}, list(plan.pinned),
                    [sp.step.name for sp in plan.steps], owners,
                    {"h2d": plan.bytes_moved("h2d"), "d2h": plan.bytes_moved("d2h"),
-                    "peak": plan.peak}, None, (net, [sp.step for sp in plan.steps]))
+                    "peak": plan.peak},
+                   types={layer.name: layer.type for layer in net.layers},
+                   live=(net, [sp.step for sp in plan.steps]))
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "live"}
+
+
+def new_times() -> dict:
+    """One iteration kind's times (``Fold.times``), none counted yet."""
+    return {"iterations": 0, "wall": 0.0, "stall": 0.0, "steps": {}}
 
 
 class PoolReplay:
@@ -111,6 +124,11 @@ class Fold:
         self.waiting: list = []                  # (time, owner) placed, no step seen after yet
         self.marks: list = []                    # (raw index, live snapshot) of iteration ends
         self.head_end: int | None = None         # raw index after the first KEEP_FIRST iterations
+        # Where the time went, by iteration kind: each kind's iterations, their wall and stall
+        # seconds, and its steps' [seconds, count] by layer and phase. A step's kind is known
+        # when its iteration ends: until then its times wait in times_pending.
+        self.times: dict | None = {}
+        self.times_pending: dict | None = new_times()
 
     def _biggest(self, n: int = 8) -> list:
         owners = sorted(self.pool.live.values(), key=lambda e: -e[1])
@@ -152,12 +170,16 @@ class Fold:
                 self._kernel(event)
             elif kind == "stall":
                 seconds = event.detail["end"] - event.detail["start"]
+                if self.times_pending is not None:
+                    self.times_pending["stall"] += seconds
                 self.stall[0] += seconds
                 self.stall[1] += 1
                 if seconds > self.stall[2]:
                     self.stall[2:] = [seconds, event.who]
             elif kind == "iteration":
                 self.iterations[event.who] = self.iterations.get(event.who, 0) + 1
+                if self.times is not None:
+                    self._iteration_times(event)
                 self.marks = self.marks[-1:] + [(index, pool.snapshot())]
                 if self.head_end is None and sum(self.iterations.values()) >= KEEP_FIRST:
                     self.head_end = index + 1
@@ -173,10 +195,29 @@ class Fold:
         d = event.detail
         self.kernels += 1
         self.compute_seconds += d["end"] - d["start"]
+        if self.times_pending is not None:
+            entry = self.times_pending["steps"].setdefault(d["layer"], {}).setdefault(
+                d["phase"], [0.0, 0])
+            entry[0] += d["end"] - d["start"]
+            entry[1] += 1
         if self.peak_step is None and self.peak_time is not None and d["end"] >= self.peak_time:
             self.peak_step = [d["step"], event.who]
         while self.waiting and self.waiting[0][0] <= d["end"]:
             self.owner_layer.setdefault(self.waiting.pop(0)[1], d["layer"])
+
+    def _iteration_times(self, event) -> None:
+        """The steps and stalls since the last iteration ended were this one's."""
+        into = self.times.setdefault(event.who, new_times())
+        pending, self.times_pending = self.times_pending, new_times()
+        into["iterations"] += 1
+        into["wall"] += event.detail["end"] - event.detail["start"]
+        into["stall"] += pending["stall"]
+        for layer, phases in pending["steps"].items():
+            mine = into["steps"].setdefault(layer, {})
+            for phase, (seconds, count) in phases.items():
+                entry = mine.setdefault(phase, [0.0, 0])
+                entry[0] += seconds
+                entry[1] += count
 
     def to_json(self) -> dict:
         state = {k: v for k, v in self.__dict__.items() if k not in ("pool", "marks")}
@@ -186,6 +227,8 @@ class Fold:
     @classmethod
     def from_json(cls, state: dict, roles: dict) -> "Fold":
         fold = cls(roles, state.pop("live"))
+        for key in SINCE_VERSION_2:
+            state.setdefault(key, None)        # a version 1 file: no step times
         missing = set(fold.to_json()) - {"live"} - set(state)
         if missing:
             raise KeyError(f"totals lack {', '.join(sorted(missing))}")

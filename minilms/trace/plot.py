@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import TraceError
 from ..sizes import format_bytes
 from .fold import ROLE_ORDER, PoolReplay
+from .timing import time_text
 
 ROLE_COLORS = {"param": "#1f77b4", "param_grad": "#9ecae1", "activation": "#ff7f0e",
                "activation_grad": "#fdae6b", "optimizer_state": "#9467bd",
@@ -55,7 +56,7 @@ def _percent(part, whole) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
-def summary_text(trace, table: bool = False) -> str:
+def summary_text(trace, table: bool = False, top: int | None = 20) -> str:
     fold, plan = trace._update(), trace.main_plan
     kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(fold.iterations.items())) or "none"
     span = (fold.last_time - fold.first_time) if fold.first_time is not None else 0.0
@@ -105,7 +106,7 @@ def summary_text(trace, table: bool = False) -> str:
                + (f" (longest {longest * 1e3:.2f} ms, before {where})" if waits else ""))
     out.append(f"compute       {fold.compute_seconds * 1e3:.2f} ms in {fold.kernels} steps")
     if table:
-        out += ["", layer_table_text(trace)]
+        out += ["", layer_table_text(trace), "", time_text(fold, trace.layer_types, top)]
     return "\n".join(out)
 
 

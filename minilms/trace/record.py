@@ -11,10 +11,11 @@ is the events' own (``events.emit`` builds each one, about a microsecond), not t
 Reading: ``tr.peak`` (bytes) and ``tr.peak_step`` (the step the pool was being filled for, or
 running, when it peaked; approximate on ``cuda``, whose kernel times are device times reported
 after the iteration), the pool's use by role at the peak and each role's own peak, bytes H2D and
-D2H, time stalled waiting for copies, a per-layer table, and how close the peak came to the
-capacity and to the planner's least pool. ``tr.summary()`` says it in words,
-``tr.to_chrome(path)`` writes a Perfetto / chrome://tracing file, ``tr.plot(path)`` draws the pool
-over time. ``tr.save(path)`` writes plain JSON (never pickle) and ``load_trace`` reads it back;
+D2H, time stalled waiting for copies, a per-layer table, how close the peak came to the
+capacity and to the planner's least pool, and where the time goes (``tr.time_table()``,
+``timing``). ``tr.summary()`` says it in words, ``tr.to_chrome(path)`` writes a Perfetto /
+chrome://tracing file, ``tr.plot(path)`` draws the pool over time. ``tr.save(path)`` writes
+plain JSON (never pickle) and ``load_trace`` reads it back;
 so does the command ``python -m minilms.trace RUN_DIR_OR_TRACE [--png F] [--chrome F] [--table]``.
 
 Roles: pool owners are blob names; their roles come from the plan event (every blob of the plan),
@@ -37,11 +38,12 @@ from .. import events
 from ..errors import TraceError
 from .file_format import Malformed, check_document
 from .fold import ROLE_ORDER, Fold, PlanInfo
+from .timing import TimeTables
 
 __all__ = ["ROLE_ORDER", "record", "Trace", "TraceError", "load_trace", "measure_overhead",
            "Overhead", "LayerRow"]
 
-FORMAT, VERSION = "minilms-trace", 1
+FORMAT, VERSION, READS = "minilms-trace", 2, (1, 2)   # 1: no step times (file_format.py)
 # The kinds the trace reads; "state" (a third of all events) it does not need.
 KINDS = ("alloc", "free", "h2d", "d2h", "copy", "drop", "kernel", "stall", "iteration", "plan",
          "gap")
@@ -56,7 +58,7 @@ class LayerRow:
     pinned: int        # bytes resident for the whole run
 
 
-class Trace:
+class Trace(TimeTables):
     """The events of one recording, and what they say. See the module docstring."""
 
     def __init__(self, max_events: int = 100_000):
@@ -239,9 +241,10 @@ class Trace:
         from .plot import timeline
         return timeline(self)
 
-    def summary(self, table: bool = False) -> str:
+    def summary(self, table: bool = False, top: int | None = 20) -> str:
+        """``table``: with the tables, bytes and time per layer (the ``top`` longest; 0: all)."""
         from .plot import summary_text
-        return summary_text(self, table)
+        return summary_text(self, table, top)
 
     def to_chrome(self, path=None) -> dict:
         """The trace in the Trace Event Format (Perfetto, chrome://tracing); written to ``path``
@@ -338,11 +341,12 @@ def load_trace(path) -> Trace:
         raise TraceError(f"{path}: not a minilms trace: JSON nested too deeply") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise TraceError(f"{path}: not a minilms trace (no \"format\": \"{FORMAT}\")")
-    if document.get("version") != VERSION:
-        raise TraceError(f"{path}: trace format version {document.get('version')!r}, this "
-                         f"minilms reads version {VERSION}")
+    version = document.get("version")
+    if type(version) is not int or version not in READS:
+        raise TraceError(f"{path}: trace format version {version!r}, this minilms reads "
+                         f"versions {', '.join(map(str, READS))}")
     try:
-        check_document(document)
+        check_document(document, version)
     except Malformed as error:
         raise TraceError(f"{path}: not a minilms trace: malformed: {error}") from None
     try:

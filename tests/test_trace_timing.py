@@ -1,0 +1,271 @@
+"""Where the time goes (``Trace.time_table``, ``--table``): on a real training run the per-layer
+times add up to the phases, the phases fit in the iterations' wall time and the types add up
+the layers; on a trace built by hand from known step times every mean and share is the one
+worked out below; the folded middle of a long run keeps its times; a version 1 file (no step
+times) loads and says so; ``--top`` leaves out what it says it does."""
+import copy
+import json
+
+import pytest
+
+from minilms import events, trace
+from minilms.commands.common import run
+from minilms.device import make_device
+from minilms.lms import LmsExecutor, Policy, ResidentExecutor, make_plan
+from minilms.solver import SGD
+from minilms.trace.command import main as command_main
+
+from .test_executor import batch
+from .test_trace import SMALL_CNN, make_net
+
+TIME_SECTIONS = ("time          per training iteration", "iteration (wall)",
+                 "time per layer, ms per iteration", "time by layer type")
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """Five training iterations and one evaluation of the small CNN under LMS, seen by a
+    recorder that keeps everything and one that folds the middle iterations away."""
+    inputs = batch(2, 3, 8, classes=4)
+    net = make_net(SMALL_CNN, inputs)
+    with make_device("cpu", 2**20) as device:
+        with trace.record() as full, trace.record(max_events=400) as bounded:
+            executor = LmsExecutor(net, device, SGD(0.1, momentum=0.9), Policy(prefetch=1))
+            for i in range(6):
+                executor.iterate(inputs, train=i != 4)
+    path = bounded.save(tmp_path_factory.mktemp("timed") / "trace.json")
+    return full, bounded, path
+
+
+def test_layers_add_up_to_the_phases_and_the_phases_fit_in_the_wall_time(recorded):
+    tr = recorded[0]
+    phase, rows = tr.time_by_phase(), tr.time_table()
+    assert phase.kind == "train" and phase.iterations == 5
+    for name in ("forward", "backward", "update"):
+        assert sum(getattr(r, name) for r in rows) == pytest.approx(getattr(phase, name))
+        assert getattr(phase, name) > 0
+    assert 0 < phase.steps <= phase.wall and phase.stall >= 0 and phase.outside >= 0
+    walls = [e.detail["end"] - e.detail["start"] for e in tr.events
+             if e.kind == "iteration" and e.who == "train"]
+    assert phase.wall == pytest.approx(sum(walls) / 5)
+    kernels = [e for e in tr.events if e.kind == "kernel"]
+    assert sum(e.detail["end"] - e.detail["start"] for e in kernels) == \
+        pytest.approx(5 * phase.steps + tr.time_by_phase("eval").steps)   # every step counted
+    assert [r.total for r in rows] == sorted((r.total for r in rows), reverse=True)
+    assert {r.layer for r in rows} == {layer["name"] for layer in SMALL_CNN}
+    assert sum(r.share for r in rows) == pytest.approx(1.0)
+    updated = {r.layer for r in rows if r.update}
+    assert updated == {"conv1", "fc"}           # the layers with parameters
+    evaluation = tr.time_table("eval")
+    assert evaluation and not any(r.backward or r.update for r in evaluation)
+
+
+def test_types_add_up_their_layers_and_the_text_names_every_type(recorded):
+    tr = recorded[0]
+    rows, types = tr.time_table(), tr.time_by_type()
+    assert tr.layer_types == {layer["name"]: layer["type"] for layer in SMALL_CNN}
+    assert sorted(t.type for t in types) == sorted({r.type for r in rows})
+    for row in types:
+        mine = [r for r in rows if r.type == row.type]
+        assert row.layers == len(mine)
+        for name in ("forward", "backward", "update", "total", "share"):
+            assert getattr(row, name) == pytest.approx(sum(getattr(r, name) for r in mine))
+    text = tr.summary(table=True)
+    assert "in (H2D)" in text                   # the memory table is still there
+    for section in TIME_SECTIONS:
+        assert section in text
+    assert "(not counted: 1 evaluation)" in text
+    layer_part = text.split("time per layer")[1]
+    for row in rows:
+        assert row.layer in layer_part and row.type in layer_part
+
+
+def test_the_folded_middle_of_a_long_run_keeps_its_times(recorded):
+    full, bounded, path = recorded
+    assert any(e.kind == "gap" for e in bounded.events)
+    assert bounded.time_table() == full.time_table()
+    assert bounded.time_by_phase() == full.time_by_phase()
+    loaded = trace.load_trace(path)
+    assert loaded.time_table() == full.time_table() and loaded.layer_types == full.layer_types
+    assert loaded.summary(table=True) == bounded.summary(table=True)
+
+
+def test_the_command_prints_the_time_tables_and_top_leaves_out_the_rest(recorded, capsys):
+    tr, path = recorded[1], recorded[2]
+    assert run(command_main, [str(path.parent), "--table"]) == 0
+    out = capsys.readouterr().out
+    for section in TIME_SECTIONS:
+        assert section in out
+    assert "left out" not in out                # five layers, fewer than the default 20
+    assert run(command_main, [str(path), "--table", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    rows, steps = tr.time_table(), tr.time_by_phase().steps
+    rest = sum(r.total for r in rows[2:])
+    assert (f"({len(rows) - 2} more layers left out: {rest * 1e3:.3f} ms per iteration, "
+            f"{100 * rest / steps:.1f}% of the steps' time; --top 0 shows all)") in out
+    layer_part = out.split("time per layer")[1].split("time by layer type")[0]
+    assert "(2 of 5 layers)" in layer_part
+    assert all(r.layer in layer_part for r in rows[:2])
+    assert not any(f"\n  {r.layer} " in layer_part for r in rows[2:])
+    assert run(command_main, [str(path), "--table", "--top", "0"]) == 0
+    assert "(5 of 5 layers)" in capsys.readouterr().out
+    for argv in ([str(path), "--top", "3"], [str(path), "--table", "--top", "-1"]):
+        with pytest.raises(SystemExit) as done:
+            command_main(argv)
+        assert done.value.code == 2
+    assert "--top goes with --table" in capsys.readouterr().err
+
+
+def test_a_trace_without_step_times_loads_and_says_so(recorded, tmp_path, capsys):
+    """A version 1 file (written before step times were kept) loads; its time tables say there
+    are none. A version 2 file must hold them."""
+    document = json.loads(recorded[2].read_text())
+    old = copy.deepcopy(document)
+    old["version"] = 1
+    del old["totals"]["times"], old["totals"]["times_pending"]
+    for plan in old["plans"]:
+        del plan["types"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    loaded = trace.load_trace(path)
+    assert loaded.time_table() == [] and loaded.time_by_phase() is None
+    assert loaded.time_by_type() == [] and loaded.layer_types == {}
+    text = loaded.summary(table=True)
+    assert "no step times in this trace" in text and "in (H2D)" in text
+    assert loaded.peak == recorded[1].peak
+    assert run(command_main, [str(path), "--table"]) == 0
+    assert "no step times in this trace" in capsys.readouterr().out
+    again = trace.load_trace(loaded.save(tmp_path / "again.json"))      # saved as version 2
+    assert "no step times in this trace" in again.summary(table=True)
+    old["version"] = 2
+    path.write_text(json.dumps(old))
+    with pytest.raises(trace.TraceError, match=r"malformed: totals\.times: expected .*, found "
+                                               r"nothing"):
+        trace.load_trace(path)
+    old["version"] = 3
+    path.write_text(json.dumps(old))
+    with pytest.raises(trace.TraceError, match="trace format version 3, this minilms reads "
+                                               "versions 1, 2$"):
+        trace.load_trace(path)
+    broken = copy.deepcopy(document)
+    broken["totals"]["times"]["train"]["steps"]["conv1"]["sideways"] = [1.0, 1]
+    path.write_text(json.dumps(broken))
+    with pytest.raises(trace.TraceError, match=r"totals\.times\['train'\]\.steps\['conv1'\] "
+                                               r"\(a key\): expected a step kind"):
+        trace.load_trace(path)
+
+
+def test_a_trace_without_a_plan_has_times_but_no_layer_types():
+    inputs = batch(2, 3, 8, classes=4)
+    net = make_net(SMALL_CNN, inputs)
+    with make_device("cpu", 2**20) as device:
+        executor = ResidentExecutor(net, device, SGD(0.1))
+        with trace.record() as tr:
+            executor.iterate(inputs)
+    assert tr.layer_types == {} and {r.type for r in tr.time_table()} == {"(unknown)"}
+    assert "(no plan in this trace names the layers' types)" in tr.summary(table=True)
+
+
+# -- known step times, by hand ------------------------------------------------------------------
+U = 2.0 ** -10      # the unit of time below: every sum and mean of it is exact in floating point
+CRAFTED = [
+    {"name": "conv1", "type": "Convolution", "bottom": "data", "top": "c1", "num_output": 4,
+     "kernel_size": 3, "pad": 1},
+    {"name": "relu1", "type": "ReLU", "bottom": "c1", "top": "c1"},
+    {"name": "conv2", "type": "Convolution", "bottom": "c1", "top": "c2", "num_output": 4,
+     "kernel_size": 3, "pad": 1},
+    {"name": "relu2", "type": "ReLU", "bottom": "c2", "top": "c2"},
+    {"name": "fc", "type": "InnerProduct", "bottom": "c2", "top": "fc", "num_output": 4},
+    {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["fc", "label"], "top": "loss"},
+]
+# (phase, layer): units in training iterations 0 and 1
+STEPS = {("forward", "conv1"): (4, 6), ("forward", "relu1"): (1, 1),
+         ("forward", "conv2"): (3, 3), ("forward", "relu2"): (1, 3),
+         ("forward", "fc"): (2, 2), ("forward", "loss"): (1, 1),
+         ("backward", "loss"): (1, 1), ("backward", "fc"): (2, 2), ("update", "fc"): (2, 2),
+         ("backward", "relu2"): (1, 1), ("backward", "conv2"): (5, 7), ("update", "conv2"): (1, 1),
+         ("backward", "relu1"): (1, 1), ("backward", "conv1"): (8, 8), ("update", "conv1"): (1, 1)}
+STALL = {1: ("backward", "conv2", 2)}     # iteration 1 waits 2 units before backward conv2
+OUTSIDE = 3                               # units of each iteration in no step
+
+
+def crafted_trace() -> trace.Trace:
+    """Two training iterations and one evaluation, their steps, stalls and iterations emitted
+    by hand with the times above, after the plan that names the layers' types."""
+    inputs = batch(2, 3, 8, classes=4)
+    net = make_net(CRAFTED, inputs)
+    plan = make_plan(net, net.schedule(("momentum",)), 2**22)
+    clock = [1.0]
+
+    def span(units):
+        start = clock[0]
+        clock[0] += units * U
+        return start, clock[0]
+
+    with trace.record() as tr:
+        events.emit("plan", "crafted", plan.capacity, plan=plan, net=net, train=True)
+        for iteration in range(2):
+            begin = clock[0]
+            for index, ((phase, layer), units) in enumerate(STEPS.items()):
+                if STALL.get(iteration, ())[:2] == (phase, layer):
+                    start, end = span(STALL[iteration][2])
+                    events.emit("stall", f"{phase} {layer}", step=index, start=start, end=end)
+                start, end = span(units[iteration])
+                events.emit("kernel", f"{phase} {layer}", layer=layer, phase=phase, step=index,
+                            start=start, end=end, stream="compute")
+            span(OUTSIDE)
+            events.emit("iteration", "train", index=iteration, start=begin, end=clock[0])
+        begin = clock[0]
+        start, end = span(64)
+        events.emit("kernel", "forward conv1", layer="conv1", phase="forward", step=0,
+                    start=start, end=end, stream="compute")
+        events.emit("iteration", "eval", index=2, start=begin, end=span(6)[1])
+    return tr
+
+
+def test_known_step_times_give_the_means_and_shares_worked_out_by_hand(tmp_path, capsys):
+    """Means per training iteration, in units U, from STEPS: conv1 forward (4+6)/2 = 5,
+    backward 8, update 1: 14; relu1 1+1 = 2; conv2 3+6+1 = 10; relu2 2+1 = 3; fc 2+2+2 = 6;
+    loss 1+1 = 2; the steps 37 (forward 14, backward 19, update 4). Walls: 34 + 3 = 37 and
+    40 + 2 (stall) + 3 = 45, mean 41; stalled 1; outside 41 - 37 - 1 = 3. The evaluation's 64
+    units of conv1 count nowhere."""
+    tr = crafted_trace()
+    assert tr.time_by_phase() == trace.PhaseTime("train", 2, 41 * U, 14 * U, 19 * U, 4 * U, U)
+    expected = [("conv1", "Convolution", 5, 8, 1), ("conv2", "Convolution", 3, 6, 1),
+                ("fc", "InnerProduct", 2, 2, 2), ("relu2", "ReLU", 2, 1, 0),
+                ("relu1", "ReLU", 1, 1, 0), ("loss", "SoftmaxWithLoss", 1, 1, 0)]
+    assert tr.time_table() == [trace.LayerTime(layer, kind, f * U, b * U, u * U, (f + b + u) / 37)
+                               for layer, kind, f, b, u in expected]
+    assert tr.time_by_type() == [trace.TypeTime("Convolution", 2, 8 * U, 14 * U, 2 * U, 24 / 37),
+                                 trace.TypeTime("InnerProduct", 1, 2 * U, 2 * U, 2 * U, 6 / 37),
+                                 trace.TypeTime("ReLU", 2, 3 * U, 2 * U, 0.0, 5 / 37),
+                                 trace.TypeTime("SoftmaxWithLoss", 1, U, U, 0.0, 2 / 37)]
+    assert tr.time_by_phase("eval") == trace.PhaseTime("eval", 1, 70 * U, 64 * U, 0.0, 0.0, 0.0)
+
+    # The text, its figures in ms (U = 0.9765625 ms), rounded half to even at the third decimal.
+    loaded = trace.load_trace(tr.save(tmp_path / "trace.json"))
+    assert run(command_main, [str(tmp_path), "--table", "--top", "4"]) == 0
+    out = capsys.readouterr().out
+    assert out == tr.summary(table=True, top=4) + "\n" == loaded.summary(table=True, top=4) + "\n"
+    lines = [line.split() for line in out.splitlines()]
+    assert ("time          per training iteration (the mean of 2): 40.039 ms wall, 36.133 ms in "
+            "steps, 0.977 ms stalled (not counted: 1 evaluation)") in out
+    for row in (["forward", "13.672", "34.1%"], ["backward", "18.555", "46.3%"],
+                ["update", "3.906", "9.8%"],
+                ["stalled", "(waiting", "for", "copies)", "0.977", "2.4%"],
+                ["outside", "the", "steps", "2.930", "7.3%"],
+                ["iteration", "(wall)", "40.039", "100.0%"],
+                ["conv1", "Convolution", "4.883", "7.812", "0.977", "13.672", "37.8%"],
+                ["conv2", "Convolution", "2.930", "5.859", "0.977", "9.766", "27.0%"],
+                ["fc", "InnerProduct", "1.953", "1.953", "1.953", "5.859", "16.2%"],
+                ["relu2", "ReLU", "1.953", "0.977", "-", "2.930", "8.1%"],
+                ["Convolution", "2", "7.812", "13.672", "1.953", "23.438", "64.9%"],
+                ["ReLU", "2", "2.930", "1.953", "-", "4.883", "13.5%"],
+                ["SoftmaxWithLoss", "1", "0.977", "0.977", "-", "1.953", "5.4%"]):
+        assert row in lines, row
+    assert ("  (2 more layers left out: 3.906 ms per iteration, 10.8% of the steps' time; "
+            "--top 0 shows all)") in out
+    assert "(4 of 6 layers)" in out and ["relu1", "ReLU", "0.977", "0.977", "-", "1.953",
+                                         "5.4%"] not in lines
+    assert ("  (1 more layer left out: 1.953 ms per iteration, 5.4% of the steps' time; "
+            "--top 0 shows all)") in tr.summary(table=True, top=5)
