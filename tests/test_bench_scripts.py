@@ -86,3 +86,16 @@ def test_bench_host_memory_smoke(capsys):
     assert re.search(r"goal: peak growth within 10% of the plan's figure, LMS auto in [\d.]+ MiB: "
                      r"[\d.]+x \((met|not met)\)", out)
     assert "goal: peak growth less the process's one-time cost within 10%" in out
+
+
+def test_bench_fullsize_smoke(capsys):
+    """Each contender in a process of its own, at tiny size: the table's rows, the SGEMM rate of
+    this run, and a verdict line per minilms row (numbers never asserted)."""
+    assert run_script("bench_fullsize.py", "--smoke", "--no-torch") == 0
+    out = capsys.readouterr().out
+    assert re.search(r"numpy SGEMM \d+ GFLOP/s \(this run\)", out)
+    for row in ("LMS off", "LMS on"):
+        assert re.search(rf"^resnet50 32 b2 +{row} +[\d.]+ +[\d.]+ +- +\d+ +\d+% +[\d.]+ \w?i?B "
+                         rf"+[\d.]+ \w?i?B +[\d.]+$", out, re.M), out
+        assert re.search(rf"^resnet50 32 b2, {row}: \d+% of SGEMM \(goal 65%: (met|not met)\); "
+                         r"peak RSS over", out, re.M), out
