@@ -20,11 +20,17 @@ minilms.training.trainer"`` with the warm cache: what a process pays before it r
 ``planning`` times ``python -m minilms.plan CONFIG OVERRIDES --summary`` with the warm cache:
 what start-up spends planning LMS for the config (not in ``--smoke``).
 
+**To the first step**: the warm ``t(1)`` process also says when its first iteration begins, from
+its interpreter's first line (``MARK_FIRST_STEP`` wraps ``LmsExecutor.iterate`` in the child
+process; the library itself stays uninstrumented). That is the wait before training starts, the
+goal's figure: a full-size net's first iteration is slower than the rest (its memory is touched
+for the first time), and ``t(1)`` counts all of it.
+
 With ``--repeat R`` the whole sequence (cold t(1), warm t(1), warm t(1+N), import) runs R times,
 each with its own fresh cache directory; the best of each column is reported (the machine may be
-shared; the best is the least disturbed). Goal: under 5 s warm. ``--smoke``: a tiny config (the
-quickstart with 64 training images, batch 8, no validation) written to a temporary directory,
-one cold and one warm t(1).
+shared; the best is the least disturbed). Goal: to the first step under 5 s warm. ``--smoke``: a
+tiny config (the quickstart with 64 training images, batch 8, no validation) written to a
+temporary directory, one cold and one warm t(1).
 """
 import argparse
 import os
@@ -74,21 +80,52 @@ def jit_caching(root: Path = ROOT) -> dict:
     return found
 
 
-def timed(command, env, cwd=ROOT) -> float:
+def timed(command, env, cwd=ROOT, output: list | None = None) -> float:
     began = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - began
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
         raise RuntimeError(f"{' '.join(command)} exited {done.returncode}:\n{tail}")
+    if output is not None:
+        output.append(done.stderr)
     return seconds
 
 
-def train_time(config, overrides, iters, cache_dir, scratch) -> float:
+# Runs ``python -m minilms.train ARGS`` and says on stderr when the first iteration begins,
+# measured from the interpreter's first line: the library stays uninstrumented, the child process
+# wraps ``LmsExecutor.iterate`` before the command starts.
+MARK_FIRST_STEP = """
+import time; began = time.perf_counter()
+import runpy, sys
+from minilms.lms import replay
+iterate = replay.LmsExecutor.iterate
+def first(self, *args, **kwargs):
+    replay.LmsExecutor.iterate = iterate
+    print(f"FIRST-STEP {time.perf_counter() - began:.6f}", file=sys.stderr, flush=True)
+    return iterate(self, *args, **kwargs)
+replay.LmsExecutor.iterate = first
+sys.argv = ["minilms.train"] + sys.argv[1:]
+runpy.run_module("minilms.train", run_name="__main__")
+"""
+
+
+def train_time(config, overrides, iters, cache_dir, scratch, to_step: list | None = None
+               ) -> float:
+    """Seconds the whole ``python -m minilms.train`` process took; with ``to_step`` (a list), the
+    process runs under ``MARK_FIRST_STEP`` and the seconds to its first step are appended."""
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=scratch)) / "run"
-    command = [sys.executable, "-m", "minilms.train", str(config), f"train.max_iters={iters}",
-               *overrides, "--quiet", f"run_dir={run_dir}"]
-    return timed(command, dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir)))
+    args = [str(config), f"train.max_iters={iters}", *overrides, "--quiet", f"run_dir={run_dir}"]
+    command = ([sys.executable, "-c", MARK_FIRST_STEP] if to_step is not None else
+               [sys.executable, "-m", "minilms.train"]) + args
+    output: list = []
+    seconds = timed(command, dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir)), output=output)
+    if to_step is not None:
+        marks = re.findall(r"^FIRST-STEP ([\d.]+)$", output[0], re.M)
+        if not marks:
+            raise RuntimeError(f"{' '.join(args)}: no first step was reached")
+        to_step.append(float(marks[0]))
+    return seconds
 
 
 def plan_time(config, overrides, cache_dir) -> float:
@@ -153,26 +190,27 @@ def main(argv=None) -> int:
                 print(f"... sequence {attempt + 1}/{repeat}", file=sys.stderr, flush=True)
                 cache = Path(tempfile.mkdtemp(prefix="numba-cache-", dir=scratch))
                 cold = train_time(config, overrides, 1, cache, scratch)
-                warm = train_time(config, overrides, 1, cache, scratch)
+                to_step: list = []
+                warm = train_time(config, overrides, 1, cache, scratch, to_step)
                 warm2 = None if args.smoke else train_time(config, overrides, 1 + more, cache,
                                                            scratch)
                 imports = None if args.smoke else import_time(cache)
                 planned = None if args.smoke else plan_time(config, overrides, cache)
-                rows.append((cold, warm, warm2, imports, planned))
+                rows.append((cold, warm, warm2, imports, planned, to_step[0]))
         except RuntimeError as error:
             print(f"bench_startup: a training run failed: {error}", file=sys.stderr)
             return 1
     later = f"warm t({1 + more}) s"
     print(f"\n{'run':<10} {'cold t(1) s':>12} {'warm t(1) s':>12} {later:>12} "
-          f"{'one step s':>11} {'import only s':>14}")
-    for i, (cold, warm, warm2, imports, _) in enumerate(rows, 1):
+          f"{'one step s':>11} {'import only s':>14} {'to 1st step s':>14}")
+    for i, (cold, warm, warm2, imports, _, first) in enumerate(rows, 1):
         step = None if warm2 is None else (warm2 - warm) / more
         print(f"{i:<10} {fmt(cold):>12} {fmt(warm):>12} {fmt(warm2):>12} {fmt(step):>11} "
-              f"{fmt(imports):>14}")
-    best = [min((r[k] for r in rows if r[k] is not None), default=None) for k in range(5)]
+              f"{fmt(imports):>14} {fmt(first):>14}")
+    best = [min((r[k] for r in rows if r[k] is not None), default=None) for k in range(6)]
     step = None if best[2] is None else (best[2] - best[1]) / more
     print(f"{'best':<10} {fmt(best[0]):>12} {fmt(best[1]):>12} {fmt(best[2]):>12} "
-          f"{fmt(step):>11} {fmt(best[3]):>14}")
+          f"{fmt(step):>11} {fmt(best[3]):>14} {fmt(best[5]):>14}")
     how = ("not measured in smoke" if step is None else
            "t(2) - t(1), warm; a small net's step may be below the run-to-run noise: "
            "--more 20 averages over 20" if more == 1 else
@@ -189,9 +227,10 @@ def main(argv=None) -> int:
           f"process, warm or not, on first call (cache=False): {len(jits['uncached'])}:")
     for name in jits["uncached"]:
         print(f"  {name}")
-    met = best[1] < GOAL_WARM
-    print(f"goal: time to the first step under {GOAL_WARM:.0f} s warm: {best[1]:.2f} s "
-          f"({'met' if met else 'not met'})")
+    met = best[5] < GOAL_WARM
+    print(f"goal: time to the first step under {GOAL_WARM:.0f} s warm: {best[5]:.2f} s "
+          f"from launch to the first iteration's start ({'met' if met else 'not met'}; the "
+          f"whole warm t(1) process, one iteration and exit included: {best[1]:.2f} s)")
     return 0
 
 

@@ -117,7 +117,9 @@ def torch_model(torch, net):
                                                    count_include_pad=layer.count_include_pad)
         elif kind == "ReLU":
             modules[layer.name] = nn.ReLU(inplace=layer.top == layer.bottom)
-        elif kind not in ("Eltwise", "SoftmaxWithLoss", "Accuracy", "Flatten"):
+        elif kind == "Dropout":
+            modules[layer.name] = nn.Dropout(layer.ratio)
+        elif kind not in ("Eltwise", "SoftmaxWithLoss", "Accuracy", "Flatten", "Concat"):
             raise NotImplementedError(f"bench_vs_torch: no PyTorch counterpart for {kind}")
 
     class FromLayers(nn.Module):
@@ -133,6 +135,8 @@ def torch_model(torch, net):
                     y = sum(c * v if c != 1.0 else v for c, v in zip(layer.coeffs, x))
                 elif layer.type == "InnerProduct":
                     y = self.layers[layer.name](x[0].flatten(1))
+                elif layer.type == "Concat":
+                    y = torch.cat(x, dim=1)
                 elif layer.type == "Flatten":
                     y = x[0].flatten(1)
                 elif layer.type == "SoftmaxWithLoss":
