@@ -1,8 +1,9 @@
 """Where the time goes (``Trace.time_table``, ``--table``): on a real training run the per-layer
 times add up to the phases, the phases fit in the iterations' wall time and the types add up
-the layers; on a trace built by hand from known step times every mean and share is the one
-worked out below; the folded middle of a long run keeps its times; a version 1 file (no step
-times) loads and says so; ``--top`` leaves out what it says it does."""
+the layers, and the first iteration (the warm-up) is kept apart from the mean of the others; on
+a trace built by hand from known step times every mean and share, the first iteration's and a
+lone iteration's, is the one worked out below; the folded middle of a long run keeps its times;
+a version 1 file (no step times) loads and says so; ``--top`` leaves out what it says it does."""
 import copy
 import json
 
@@ -40,17 +41,28 @@ def recorded(tmp_path_factory):
 def test_layers_add_up_to_the_phases_and_the_phases_fit_in_the_wall_time(recorded):
     tr = recorded[0]
     phase, rows = tr.time_by_phase(), tr.time_table()
-    assert phase.kind == "train" and phase.iterations == 5
-    for name in ("forward", "backward", "update"):
-        assert sum(getattr(r, name) for r in rows) == pytest.approx(getattr(phase, name))
-        assert getattr(phase, name) > 0
-    assert 0 < phase.steps <= phase.wall and phase.stall >= 0 and phase.outside >= 0
+    first, every = tr.time_by_phase(which="first"), tr.time_by_phase(which="all")
+    assert (phase.kind, phase.iterations, phase.warmup) == ("train", 4, False)  # after the first
+    assert (first.iterations, first.warmup, every.iterations, every.warmup) == (1, True, 5, True)
+    for which, counted in (("steady", phase), ("first", first), ("all", every)):
+        layers = tr.time_table(which=which)
+        for name in ("forward", "backward", "update"):
+            assert sum(getattr(r, name) for r in layers) == pytest.approx(getattr(counted, name))
+            assert getattr(counted, name) > 0
+        assert 0 < counted.steps <= counted.wall and counted.stall >= 0
+        assert counted.outside >= 0
     walls = [e.detail["end"] - e.detail["start"] for e in tr.events
              if e.kind == "iteration" and e.who == "train"]
-    assert phase.wall == pytest.approx(sum(walls) / 5)
+    assert phase.wall == pytest.approx(sum(walls[1:]) / 4) and first.wall == walls[0]
+    assert every.wall == pytest.approx(sum(walls) / 5)
+    for name in ("forward", "backward", "update", "stall"):
+        assert getattr(every, name) == \
+            pytest.approx((getattr(first, name) + 4 * getattr(phase, name)) / 5)
     kernels = [e for e in tr.events if e.kind == "kernel"]
+    lone = tr.time_by_phase("eval")             # the only evaluation: its warm-up counted
+    assert (lone.iterations, lone.warmup) == (1, True) and lone == tr.time_by_phase("eval", "all")
     assert sum(e.detail["end"] - e.detail["start"] for e in kernels) == \
-        pytest.approx(5 * phase.steps + tr.time_by_phase("eval").steps)   # every step counted
+        pytest.approx(first.steps + 4 * phase.steps + lone.steps)   # every step counted once
     assert [r.total for r in rows] == sorted((r.total for r in rows), reverse=True)
     assert {r.layer for r in rows} == {layer["name"] for layer in SMALL_CNN}
     assert sum(r.share for r in rows) == pytest.approx(1.0)
@@ -74,6 +86,9 @@ def test_types_add_up_their_layers_and_the_text_names_every_type(recorded):
     assert "in (H2D)" in text                   # the memory table is still there
     for section in TIME_SECTIONS:
         assert section in text
+    first = tr.time_by_phase(which="first").wall
+    assert (f"time          per training iteration (the mean of 4, after the first: "
+            f"{first * 1e3:.3f} ms, warm-up, left out): ") in text
     assert "(not counted: 1 evaluation)" in text
     layer_part = text.split("time per layer")[1]
     for row in rows:
@@ -83,10 +98,13 @@ def test_types_add_up_their_layers_and_the_text_names_every_type(recorded):
 def test_the_folded_middle_of_a_long_run_keeps_its_times(recorded):
     full, bounded, path = recorded
     assert any(e.kind == "gap" for e in bounded.events)
-    assert bounded.time_table() == full.time_table()
-    assert bounded.time_by_phase() == full.time_by_phase()
     loaded = trace.load_trace(path)
-    assert loaded.time_table() == full.time_table() and loaded.layer_types == full.layer_types
+    for tr in (bounded, loaded):
+        for kind in ("train", "eval"):
+            for which in ("steady", "first", "all"):
+                assert tr.time_table(kind, which) == full.time_table(kind, which)
+                assert tr.time_by_phase(kind, which) == full.time_by_phase(kind, which)
+    assert loaded.layer_types == full.layer_types
     assert loaded.summary(table=True) == bounded.summary(table=True)
 
 
@@ -96,7 +114,7 @@ def test_the_command_prints_the_time_tables_and_top_leaves_out_the_rest(recorded
     out = capsys.readouterr().out
     for section in TIME_SECTIONS:
         assert section in out
-    assert "left out" not in out                # five layers, fewer than the default 20
+    assert "more layer" not in out              # five layers, fewer than the default 20
     assert run(command_main, [str(path), "--table", "--top", "2"]) == 0
     out = capsys.readouterr().out
     rows, steps = tr.time_table(), tr.time_by_phase().steps
@@ -122,7 +140,7 @@ def test_a_trace_without_step_times_loads_and_says_so(recorded, tmp_path, capsys
     document = json.loads(recorded[2].read_text())
     old = copy.deepcopy(document)
     old["version"] = 1
-    del old["totals"]["times"], old["totals"]["times_pending"]
+    del old["totals"]["times"], old["totals"]["times_first"], old["totals"]["times_pending"]
     for plan in old["plans"]:
         del plan["types"]
     path = tmp_path / "old.json"
@@ -142,6 +160,16 @@ def test_a_trace_without_step_times_loads_and_says_so(recorded, tmp_path, capsys
     with pytest.raises(trace.TraceError, match=r"malformed: totals\.times: expected .*, found "
                                                r"nothing"):
         trace.load_trace(path)
+    old["version"], old["totals"]["times"] = 2, document["totals"]["times"]    # no first
+    path.write_text(json.dumps(old))
+    with pytest.raises(trace.TraceError, match=r"malformed: totals\.times_first: expected .*, "
+                                               r"found nothing"):
+        trace.load_trace(path)
+    old["version"] = 1
+    path.write_text(json.dumps(old))
+    with pytest.raises(trace.TraceError, match=r"malformed: totals\.times_first: expected step "
+                                               r"times, as totals\.times holds, found nothing"):
+        trace.load_trace(path)
     old["version"] = 3
     path.write_text(json.dumps(old))
     with pytest.raises(trace.TraceError, match="trace format version 3, this minilms reads "
@@ -152,6 +180,17 @@ def test_a_trace_without_step_times_loads_and_says_so(recorded, tmp_path, capsys
     path.write_text(json.dumps(broken))
     with pytest.raises(trace.TraceError, match=r"totals\.times\['train'\]\.steps\['conv1'\] "
                                                r"\(a key\): expected a step kind"):
+        trace.load_trace(path)
+    broken = copy.deepcopy(document)
+    broken["totals"]["times_first"]["train"]["iterations"] = 2
+    path.write_text(json.dumps(broken))
+    with pytest.raises(trace.TraceError, match=r"totals\.times_first\['train'\]\.iterations: "
+                                               r"expected 1 \(one iteration\), found 2"):
+        trace.load_trace(path)
+    del broken["totals"]["times_first"]["train"]
+    path.write_text(json.dumps(broken))
+    with pytest.raises(trace.TraceError, match=r"totals\.times \(a key\): expected a kind whose "
+                                               r"first iteration times_first holds, found 'train'"):
         trace.load_trace(path)
 
 
@@ -178,20 +217,23 @@ CRAFTED = [
     {"name": "fc", "type": "InnerProduct", "bottom": "c2", "top": "fc", "num_output": 4},
     {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["fc", "label"], "top": "loss"},
 ]
-# (phase, layer): units in training iterations 0 and 1
-STEPS = {("forward", "conv1"): (4, 6), ("forward", "relu1"): (1, 1),
-         ("forward", "conv2"): (3, 3), ("forward", "relu2"): (1, 3),
-         ("forward", "fc"): (2, 2), ("forward", "loss"): (1, 1),
-         ("backward", "loss"): (1, 1), ("backward", "fc"): (2, 2), ("update", "fc"): (2, 2),
-         ("backward", "relu2"): (1, 1), ("backward", "conv2"): (5, 7), ("update", "conv2"): (1, 1),
-         ("backward", "relu1"): (1, 1), ("backward", "conv1"): (8, 8), ("update", "conv1"): (1, 1)}
-STALL = {1: ("backward", "conv2", 2)}     # iteration 1 waits 2 units before backward conv2
+# (phase, layer): units in training iterations 0 (the warm-up, as a first iteration compiles), 1, 2
+STEPS = {("forward", "conv1"): (200, 4, 6), ("forward", "relu1"): (1, 1, 1),
+         ("forward", "conv2"): (40, 3, 3), ("forward", "relu2"): (1, 1, 3),
+         ("forward", "fc"): (10, 2, 2), ("forward", "loss"): (5, 1, 1),
+         ("backward", "loss"): (1, 1, 1), ("backward", "fc"): (6, 2, 2),
+         ("update", "fc"): (4, 2, 2), ("backward", "relu2"): (1, 1, 1),
+         ("backward", "conv2"): (30, 5, 7), ("update", "conv2"): (2, 1, 1),
+         ("backward", "relu1"): (1, 1, 1), ("backward", "conv1"): (24, 8, 8),
+         ("update", "conv1"): (2, 1, 1)}
+STALL = {0: ("forward", "conv1", 5), 2: ("backward", "conv2", 2)}   # iteration: before, units
 OUTSIDE = 3                               # units of each iteration in no step
 
 
-def crafted_trace() -> trace.Trace:
-    """Two training iterations and one evaluation, their steps, stalls and iterations emitted
-    by hand with the times above, after the plan that names the layers' types."""
+def crafted_trace(training: int = 3) -> trace.Trace:
+    """``training`` training iterations (the first ones of STEPS) and one evaluation, their
+    steps, stalls and iterations emitted by hand with the times above, after the plan that names
+    the layers' types."""
     inputs = batch(2, 3, 8, classes=4)
     net = make_net(CRAFTED, inputs)
     plan = make_plan(net, net.schedule(("momentum",)), 2**22)
@@ -204,7 +246,7 @@ def crafted_trace() -> trace.Trace:
 
     with trace.record() as tr:
         events.emit("plan", "crafted", plan.capacity, plan=plan, net=net, train=True)
-        for iteration in range(2):
+        for iteration in range(training):
             begin = clock[0]
             for index, ((phase, layer), units) in enumerate(STEPS.items()):
                 if STALL.get(iteration, ())[:2] == (phase, layer):
@@ -219,18 +261,36 @@ def crafted_trace() -> trace.Trace:
         start, end = span(64)
         events.emit("kernel", "forward conv1", layer="conv1", phase="forward", step=0,
                     start=start, end=end, stream="compute")
-        events.emit("iteration", "eval", index=2, start=begin, end=span(6)[1])
+        events.emit("iteration", "eval", index=training, start=begin, end=span(6)[1])
     return tr
 
 
+# The first training iteration, worked out from STEPS' first column: conv1 200 + 24 + 2 = 226,
+# conv2 40 + 30 + 2 = 72, fc 10 + 6 + 4 = 20, loss 5 + 1 = 6, relu1 1 + 1 = 2, relu2 1 + 1 = 2;
+# the steps 328 (forward 257, backward 63, update 8); stalled 5; wall 328 + 5 + 3 = 336.
+FIRST = trace.PhaseTime("train", 1, True, 336 * U, 257 * U, 63 * U, 8 * U, 5 * U)
+FIRST_LAYERS = [trace.LayerTime(layer, kind, f * U, b * U, u * U, (f + b + u) / 328)
+                for layer, kind, f, b, u in [
+                    ("conv1", "Convolution", 200, 24, 2), ("conv2", "Convolution", 40, 30, 2),
+                    ("fc", "InnerProduct", 10, 6, 4), ("loss", "SoftmaxWithLoss", 5, 1, 0),
+                    ("relu1", "ReLU", 1, 1, 0), ("relu2", "ReLU", 1, 1, 0)]]
+FIRST_TYPES = [trace.TypeTime("Convolution", 2, 240 * U, 54 * U, 4 * U, 298 / 328),
+               trace.TypeTime("InnerProduct", 1, 10 * U, 6 * U, 4 * U, 20 / 328),
+               trace.TypeTime("SoftmaxWithLoss", 1, 5 * U, U, 0.0, 6 / 328),
+               trace.TypeTime("ReLU", 2, 2 * U, 2 * U, 0.0, 4 / 328)]
+EVALUATION = trace.PhaseTime("eval", 1, True, 70 * U, 64 * U, 0.0, 0.0, 0.0)   # the only one
+
+
 def test_known_step_times_give_the_means_and_shares_worked_out_by_hand(tmp_path, capsys):
-    """Means per training iteration, in units U, from STEPS: conv1 forward (4+6)/2 = 5,
-    backward 8, update 1: 14; relu1 1+1 = 2; conv2 3+6+1 = 10; relu2 2+1 = 3; fc 2+2+2 = 6;
-    loss 1+1 = 2; the steps 37 (forward 14, backward 19, update 4). Walls: 34 + 3 = 37 and
-    40 + 2 (stall) + 3 = 45, mean 41; stalled 1; outside 41 - 37 - 1 = 3. The evaluation's 64
-    units of conv1 count nowhere."""
+    """Means per training iteration after the first (the warm-up), in units U, from STEPS'
+    iterations 1 and 2: conv1 forward (4+6)/2 = 5, backward 8, update 1: 14; relu1 1+1 = 2;
+    conv2 3+6+1 = 10; relu2 2+1 = 3; fc 2+2+2 = 6; loss 1+1 = 2; the steps 37 (forward 14,
+    backward 19, update 4). Walls: 34 + 3 = 37 and 40 + 2 (stall) + 3 = 45, mean 41; stalled 1;
+    outside 41 - 37 - 1 = 3. The first iteration (FIRST) counts only when asked for, or in all
+    three; the evaluation's 64 units of conv1 count nowhere."""
     tr = crafted_trace()
-    assert tr.time_by_phase() == trace.PhaseTime("train", 2, 41 * U, 14 * U, 19 * U, 4 * U, U)
+    assert tr.time_by_phase() == trace.PhaseTime("train", 2, False, 41 * U, 14 * U, 19 * U, 4 * U,
+                                                 U)
     expected = [("conv1", "Convolution", 5, 8, 1), ("conv2", "Convolution", 3, 6, 1),
                 ("fc", "InnerProduct", 2, 2, 2), ("relu2", "ReLU", 2, 1, 0),
                 ("relu1", "ReLU", 1, 1, 0), ("loss", "SoftmaxWithLoss", 1, 1, 0)]
@@ -240,16 +300,38 @@ def test_known_step_times_give_the_means_and_shares_worked_out_by_hand(tmp_path,
                                  trace.TypeTime("InnerProduct", 1, 2 * U, 2 * U, 2 * U, 6 / 37),
                                  trace.TypeTime("ReLU", 2, 3 * U, 2 * U, 0.0, 5 / 37),
                                  trace.TypeTime("SoftmaxWithLoss", 1, U, U, 0.0, 2 / 37)]
-    assert tr.time_by_phase("eval") == trace.PhaseTime("eval", 1, 70 * U, 64 * U, 0.0, 0.0, 0.0)
+    assert tr.time_by_phase(which="first") == FIRST
+    assert tr.time_table("train", "first") == FIRST_LAYERS
+    assert tr.time_by_type(which="first") == FIRST_TYPES
+    every = tr.time_by_phase(which="all")       # (336 + 2 * 41) / 3, not exact: approx
+    assert (every.kind, every.iterations, every.warmup) == ("train", 3, True)
+    for name in ("wall", "forward", "backward", "update", "stall"):
+        assert getattr(every, name) == pytest.approx((getattr(FIRST, name) +
+                                                      2 * getattr(tr.time_by_phase(), name)) / 3)
+    assert [r.total for r in tr.time_table(which="all")] == pytest.approx(
+        [u * U for u in ((226 + 28) / 3, (72 + 20) / 3, (20 + 12) / 3, (6 + 4) / 3,
+                         (2 + 6) / 3, (2 + 4) / 3)])   # conv1, conv2, fc, loss, relu2, relu1
+    assert tr.time_by_phase("eval") == EVALUATION == tr.time_by_phase("eval", "first")
+    with pytest.raises(ValueError, match="which: expected one of steady, first, all"):
+        tr.time_table(which="warm")
+
+    # The file holds the first iteration apart from the others.
+    totals = json.loads(tr.save(tmp_path / "trace.json").read_text())["totals"]
+    assert totals["times_first"]["train"]["wall"] == 336 * U
+    assert totals["times_first"]["train"]["steps"]["conv1"]["forward"] == [200 * U, 1]
+    assert totals["times"]["train"]["iterations"] == 2 and totals["times"]["train"]["wall"] == \
+        82 * U and totals["times"]["train"]["steps"]["conv1"]["forward"] == [10 * U, 2]
+    assert "eval" in totals["times_first"] and "eval" not in totals["times"]
 
     # The text, its figures in ms (U = 0.9765625 ms), rounded half to even at the third decimal.
-    loaded = trace.load_trace(tr.save(tmp_path / "trace.json"))
+    loaded = trace.load_trace(tmp_path / "trace.json")
     assert run(command_main, [str(tmp_path), "--table", "--top", "4"]) == 0
     out = capsys.readouterr().out
     assert out == tr.summary(table=True, top=4) + "\n" == loaded.summary(table=True, top=4) + "\n"
     lines = [line.split() for line in out.splitlines()]
-    assert ("time          per training iteration (the mean of 2): 40.039 ms wall, 36.133 ms in "
-            "steps, 0.977 ms stalled (not counted: 1 evaluation)") in out
+    assert ("time          per training iteration (the mean of 2, after the first: 328.125 ms, "
+            "warm-up, left out): 40.039 ms wall, 36.133 ms in steps, 0.977 ms stalled (not "
+            "counted: 1 evaluation)") in out
     for row in (["forward", "13.672", "34.1%"], ["backward", "18.555", "46.3%"],
                 ["update", "3.906", "9.8%"],
                 ["stalled", "(waiting", "for", "copies)", "0.977", "2.4%"],
@@ -269,3 +351,22 @@ def test_known_step_times_give_the_means_and_shares_worked_out_by_hand(tmp_path,
                                          "5.4%"] not in lines
     assert ("  (1 more layer left out: 1.953 ms per iteration, 5.4% of the steps' time; "
             "--top 0 shows all)") in tr.summary(table=True, top=5)
+
+
+def test_a_lone_iteration_is_counted_warm_up_included_and_says_so():
+    """With one training iteration there is nothing after the first: every table is that one
+    (FIRST, worked out above), whichever iterations are asked for, and the text says so."""
+    tr = crafted_trace(training=1)
+    for which in ("steady", "first", "all"):
+        assert tr.time_by_phase(which=which) == FIRST
+        assert tr.time_table(which=which) == FIRST_LAYERS
+        assert tr.time_by_type(which=which) == FIRST_TYPES
+    assert tr.time_by_phase("eval") == EVALUATION
+    out = tr.summary(table=True)
+    assert ("time          per training iteration (the only one, warm-up included): 328.125 ms "
+            "wall, 320.312 ms in steps, 4.883 ms stalled (not counted: 1 evaluation)") in out
+    lines = [line.split() for line in out.splitlines()]
+    for row in (["forward", "250.977", "76.5%"], ["iteration", "(wall)", "328.125", "100.0%"],
+                ["conv1", "Convolution", "195.312", "23.438", "1.953", "220.703", "68.9%"],
+                ["Convolution", "2", "234.375", "52.734", "3.906", "291.016", "90.9%"]):
+        assert row in lines, row

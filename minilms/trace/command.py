@@ -26,8 +26,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chrome", metavar="FILE", help="write the Trace Event Format JSON")
     p.add_argument("--table", action="store_true",
                    help="add the tables: per layer, bytes moved (in, out, dropped, pinned); "
-                        "where the time goes, in ms per training iteration: per phase "
-                        "(forward, backward, update, stalled), per layer and per layer type")
+                        "where the time goes, in ms per training iteration after the first (its "
+                        "warm-up left out): per phase (forward, backward, update, stalled), per "
+                        "layer and per layer type")
     p.add_argument("--top", type=_count, metavar="N",
                    help="with --table: the time per layer shows the N layers that take longest "
                         "(default 20; 0: all) and says what the rest hold")

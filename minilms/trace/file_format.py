@@ -5,9 +5,10 @@ one value of the wrong type (an offset that is a string, a start that is a list,
 knows) would be a traceback in the middle of a picture. A check is a function (value, where)
 that raises Malformed; the file's shape is written below as checks built from a few leaves.
 
-Version 2 added the steps' times to the totals (``times``, ``times_pending``) and the layers'
-types to each plan (``types``). A version 1 file without them loads (its time tables say it
-holds no step times); a version 2 file must hold them.
+Version 2 added the steps' times to the totals (``times``: each iteration kind's iterations after
+its first, ``times_first``: its first, ``times_pending``: those of an iteration not ended yet) and
+the layers' types to each plan (``types``). A version 1 file without them loads (its time tables
+say it holds no step times); a version 2 file must hold them.
 """
 import math
 
@@ -152,6 +153,9 @@ STEP_TIMES = _dict_of(_dict_of(_row((NUMBER, COUNT), "[seconds, steps]"),
                       "the steps' times by layer name")
 TIMES = _record({"iterations": COUNT, "wall": NUMBER, "stall": NUMBER, "steps": STEP_TIMES},
                 "times (iterations, wall, stall, steps)", extra=False)
+ONE = _leaf(lambda v: type(v) is int and v == 1, "1 (one iteration)")
+FIRST_TIMES = _record({"iterations": ONE, "wall": NUMBER, "stall": NUMBER, "steps": STEP_TIMES},
+                      "one iteration's times (iterations, wall, stall, steps)", extra=False)
 TOTALS_FIELDS = {
     "peak": BYTES, "peak_time": _optional(NUMBER),
     "peak_step": _optional(_row((INTEGER, TEXT), "[step index, step name]")),
@@ -174,6 +178,7 @@ TOTALS_FIELDS = {
     "waiting": _list_of(_row((NUMBER, TEXT), "[time, owner]"), "a list of [time, owner]"),
     "head_end": _optional(COUNT), "live": LIVE,
     "times": _optional(_dict_of(TIMES, "times by iteration kind")),
+    "times_first": _optional(_dict_of(FIRST_TIMES, "the first iteration's times by kind")),
     "times_pending": _optional(TIMES)}
 # Exactly these: Fold.from_json puts every key into the fold, so an extra one could replace
 # part of it (its "pool").
@@ -264,12 +269,24 @@ _DOCUMENT = _record({
 def check_document(document: dict, version: int) -> None:
     """Raise Malformed at the first field of a loaded trace file the readers could not use."""
     _DOCUMENT(document, "")
-    if version < 2:
-        return
-    for key in SINCE_VERSION_2:
-        if key not in document["totals"]:
-            raise Malformed(f"totals.{key}", TOTALS_FIELDS[key].expected, _MISSING)
-    for index, plan in enumerate(document["plans"]):
-        for key in PLAN_SINCE_VERSION_2:
-            if key not in plan:
-                raise Malformed(f"plans[{index}].{key}", PLAN_FIELDS[key].expected, _MISSING)
+    totals = document["totals"]
+    if version >= 2:
+        for key in SINCE_VERSION_2:
+            if key not in totals:
+                raise Malformed(f"totals.{key}", TOTALS_FIELDS[key].expected, _MISSING)
+        for index, plan in enumerate(document["plans"]):
+            for key in PLAN_SINCE_VERSION_2:
+                if key not in plan:
+                    raise Malformed(f"plans[{index}].{key}", PLAN_FIELDS[key].expected, _MISSING)
+    # The step times come whole or not at all, and a kind's iterations after its first (times)
+    # with that first (times_first).
+    held = [key for key in SINCE_VERSION_2 if totals.get(key) is not None]
+    lacking = [key for key in SINCE_VERSION_2 if key not in held] if held else ()
+    if lacking:
+        raise Malformed(f"totals.{lacking[0]}", f"step times, as totals.{held[0]} holds",
+                        totals.get(lacking[0], _MISSING))
+    times, first = totals.get("times"), totals.get("times_first")
+    unfirst = sorted(set(times) - set(first)) if times else ()
+    if unfirst:
+        raise Malformed("totals.times (a key)", "a kind whose first iteration times_first "
+                        "holds", unfirst[0])

@@ -1,7 +1,7 @@
 """The trace's one pass over events: the pool replayed from its allocations and frees, by role,
 and the totals a ``Trace`` reports (peak and where, bytes by direction, stalls, per-layer counts,
-the steps' times by layer and phase), kept as a fold that resumes where it stopped, so reading a
-trace twice costs one pass.
+the steps' times by layer and phase, each iteration kind's first iteration apart), kept as a fold
+that resumes where it stopped, so reading a trace twice costs one pass.
 ``minilms.trace`` records the events and reads the results; this module only folds them.
 """
 from dataclasses import dataclass, field
@@ -13,7 +13,7 @@ BEFORE = "(before the trace)"
 KEEP_FIRST = 2         # iterations kept in full at the start: the prologue and a steady one
 PHASES = ("forward", "backward", "update")      # the kinds of step (``Step.kind``)
 # Totals a trace file holds since version 2; a version 1 file lacks them (None once loaded).
-SINCE_VERSION_2 = ("times", "times_pending")
+SINCE_VERSION_2 = ("times", "times_first", "times_pending")
 
 
 @dataclass
@@ -56,6 +56,20 @@ class PlanInfo:
 def new_times() -> dict:
     """One iteration kind's times (``Fold.times``), none counted yet."""
     return {"iterations": 0, "wall": 0.0, "stall": 0.0, "steps": {}}
+
+
+def add_times(into: dict, more: dict) -> dict:
+    """``more``'s iterations, wall and stall seconds and steps added to ``into``; returns it."""
+    into["iterations"] += more["iterations"]
+    into["wall"] += more["wall"]
+    into["stall"] += more["stall"]
+    for layer, phases in more["steps"].items():
+        mine = into["steps"].setdefault(layer, {})
+        for phase, (seconds, count) in phases.items():
+            entry = mine.setdefault(phase, [0.0, 0])
+            entry[0] += seconds
+            entry[1] += count
+    return into
 
 
 class PoolReplay:
@@ -125,9 +139,11 @@ class Fold:
         self.marks: list = []                    # (raw index, live snapshot) of iteration ends
         self.head_end: int | None = None         # raw index after the first KEEP_FIRST iterations
         # Where the time went, by iteration kind: each kind's iterations, their wall and stall
-        # seconds, and its steps' [seconds, count] by layer and phase. A step's kind is known
-        # when its iteration ends: until then its times wait in times_pending.
+        # seconds, and its steps' [seconds, count] by layer and phase. Its first iteration (which
+        # compiles kernels and faults pages in) in times_first, the rest in times. A step's kind
+        # is known when its iteration ends: until then its times wait in times_pending.
         self.times: dict | None = {}
+        self.times_first: dict | None = {}
         self.times_pending: dict | None = new_times()
 
     def _biggest(self, n: int = 8) -> list:
@@ -206,18 +222,15 @@ class Fold:
             self.owner_layer.setdefault(self.waiting.pop(0)[1], d["layer"])
 
     def _iteration_times(self, event) -> None:
-        """The steps and stalls since the last iteration ended were this one's."""
-        into = self.times.setdefault(event.who, new_times())
-        pending, self.times_pending = self.times_pending, new_times()
-        into["iterations"] += 1
-        into["wall"] += event.detail["end"] - event.detail["start"]
-        into["stall"] += pending["stall"]
-        for layer, phases in pending["steps"].items():
-            mine = into["steps"].setdefault(layer, {})
-            for phase, (seconds, count) in phases.items():
-                entry = mine.setdefault(phase, [0.0, 0])
-                entry[0] += seconds
-                entry[1] += count
+        """The steps and stalls since the last iteration ended were this one's: the first of
+        its kind is kept apart, the others added up."""
+        mine, self.times_pending = self.times_pending, new_times()
+        mine["iterations"] = 1
+        mine["wall"] = event.detail["end"] - event.detail["start"]
+        if event.who not in self.times_first:
+            self.times_first[event.who] = mine
+        else:
+            add_times(self.times.setdefault(event.who, new_times()), mine)
 
     def to_json(self) -> dict:
         state = {k: v for k, v in self.__dict__.items() if k not in ("pool", "marks")}

@@ -3,21 +3,26 @@ profiler's summary gives them (PyTorch's ``key_averages().table()``, ``caffe tim
 a kernel starts from a measurement.
 
 Every figure is a mean per iteration over the iterations of one kind the trace counted (training
-ones, else evaluation ones), from the fold's ``times``: each step's time (its "kernel" event,
-start to end), the stalls before steps (compute waiting for copies: not compute, so kept apart,
-and measured on ``cpu`` only) and each iteration's wall time. The fold keeps them through a long
-run's folded iterations, so they cover every iteration, not only those kept in full. A layer's
-update is the solver's step for its parameters, a step of its own in the schedule. Shares of a
-layer or type are of all the steps' time; shares of a phase are of the iteration's wall time,
-whose rest ("outside the steps") is staging, the epilogue's copies home and the host's own work.
-A trace written before step times were kept (file version 1) has none: the text says so.
+ones, else evaluation ones): each step's time (its "kernel" event, start to end), the stalls before
+steps (compute waiting for copies: not compute, so kept apart, and measured on ``cpu`` only) and
+each iteration's wall time. A kind's first iteration warms up (Numba kernels load, pages fault in:
+a first convolution can take a thousand times a later one), so, as in a profiler's summary, it is
+left out: the tables are the mean of the iterations after it (the fold's ``times``), or the first
+alone when it is the only one (``times_first``; ``PhaseTime.warmup`` says so); ``which`` asks for
+the first alone or all. The fold keeps them through a long run's folded iterations, so they cover
+every iteration, not only those kept in full. A layer's update is the solver's step for its
+parameters, a step of its own in the schedule. Shares of a layer or type are of all the steps'
+time; shares of a phase are of the iteration's wall time, whose rest ("outside the steps") is
+staging, the epilogue's copies home and the host's own work. A trace written before step times
+were kept (file version 1) has none: the text says so.
 """
 from dataclasses import dataclass
 
-from .fold import PHASES
+from .fold import PHASES, add_times, new_times
 
 UNKNOWN = "(unknown)"          # the type of a layer no plan in the trace names
 KIND_WORDS = {"train": "training", "eval": "evaluation"}
+WHICH = ("steady", "first", "all")     # the iterations counted: after the first, the first, all
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,8 @@ class TypeTime:
 class PhaseTime:
     """Seconds per iteration: the iteration's wall time, its steps by phase, its stalls."""
     kind: str             # the iterations counted: "train" or "eval"
-    iterations: int
+    iterations: int       # how many
+    warmup: bool          # whether the first of them (the warm-up) is among them
     wall: float
     forward: float
     backward: float
@@ -71,23 +77,37 @@ class PhaseTime:
         return self.wall - self.steps - self.stall
 
 
-def counted_kind(fold, kind: str | None = None) -> str | None:
-    """The iteration kind the tables count: ``kind`` if given, else "train" if the trace timed
-    any, else "eval"; None when there are none (or no step times at all)."""
-    if not fold.times:
-        return None
-    if kind is not None:
-        return kind if fold.times.get(kind, {}).get("iterations") else None
-    return next((k for k in ("train", "eval") if fold.times.get(k, {}).get("iterations")),
-                None)
+def iteration_count(fold, kind: str) -> int:
+    """How many iterations of ``kind`` the trace timed, the first included."""
+    return (kind in fold.times_first) + fold.times.get(kind, {}).get("iterations", 0)
 
 
-def layer_times(fold, types: dict, kind: str | None = None) -> list[LayerTime]:
-    """Per layer, longest total first (ties in the order the layers first ran)."""
-    kind = counted_kind(fold, kind)
+def counted(fold, kind: str | None = None, which: str = "steady") -> tuple | None:
+    """The iterations the tables count, as ``(kind, their times added up, warmup)``: ``kind`` if
+    given, else "train" if the trace timed any, else "eval". ``which``: "steady", those after the
+    first (the first alone, ``warmup`` True, when it is the only one); "first"; "all". None when
+    there are none (or no step times at all)."""
+    if which not in WHICH:
+        raise ValueError(f"which: expected one of {', '.join(WHICH)}, found {which!r}")
+    kinds = (kind,) if kind is not None else ("train", "eval")
+    kind = next((k for k in kinds if fold.times is not None and iteration_count(fold, k)), None)
     if kind is None:
+        return None
+    first, rest = fold.times_first[kind], fold.times.get(kind)
+    if which == "first" or not (rest and rest["iterations"]):
+        return kind, first, True
+    if which == "steady":
+        return kind, rest, False
+    return kind, add_times(add_times(new_times(), first), rest), True
+
+
+def layer_times(fold, types: dict, kind: str | None = None,
+                which: str = "steady") -> list[LayerTime]:
+    """Per layer, longest total first (ties in the order the layers first ran)."""
+    found = counted(fold, kind, which)
+    if found is None:
         return []
-    times = fold.times[kind]
+    times = found[1]
     n = times["iterations"]
     means = {layer: [phases.get(p, (0.0, 0))[0] / n for p in PHASES]
              for layer, phases in times["steps"].items()}
@@ -112,15 +132,15 @@ def type_times(rows: list[LayerTime]) -> list[TypeTime]:
     return sorted(out, key=lambda r: -r.total)
 
 
-def phase_times(fold, kind: str | None = None) -> PhaseTime | None:
-    kind = counted_kind(fold, kind)
-    if kind is None:
+def phase_times(fold, kind: str | None = None, which: str = "steady") -> PhaseTime | None:
+    found = counted(fold, kind, which)
+    if found is None:
         return None
-    times = fold.times[kind]
+    kind, times, warmup = found
     n = times["iterations"]
     phases = [sum(p.get(phase, (0.0, 0))[0] for p in times["steps"].values()) / n
               for phase in PHASES]
-    return PhaseTime(kind, n, times["wall"] / n, *phases, times["stall"] / n)
+    return PhaseTime(kind, n, warmup, times["wall"] / n, *phases, times["stall"] / n)
 
 
 class TimeTables:
@@ -133,20 +153,25 @@ class TimeTables:
         self._update()
         return {layer: kind for plan in self.plans for layer, kind in plan.types.items()}
 
-    def time_table(self, iterations: str | None = None) -> list[LayerTime]:
+    def time_table(self, iterations: str | None = None, which: str = "steady") -> list[LayerTime]:
         """Where the time goes, per layer: seconds per iteration in forward, backward and update
         steps, and the share of all the steps' time, longest first. ``iterations``: "train" or
-        "eval" (default: training ones if the trace has any). Empty without step times."""
-        return layer_times(self._update(), self.layer_types, iterations)
-
-    def time_by_type(self, iterations: str | None = None) -> list[TypeTime]:
-        """``time_table`` summed by layer type (Convolution, ReLU, ...), longest first."""
-        return type_times(self.time_table(iterations))
-
-    def time_by_phase(self, iterations: str | None = None) -> PhaseTime | None:
-        """Seconds per iteration: wall, forward, backward, update, stalled; None without step
+        "eval" (default: training ones if the trace has any). ``which``: "steady" (default), the
+        mean of the iterations after the first, which warms up (the first alone if it is the only
+        one); "first", that first iteration; "all", the mean of every one. Empty without step
         times."""
-        return phase_times(self._update(), iterations)
+        return layer_times(self._update(), self.layer_types, iterations, which)
+
+    def time_by_type(self, iterations: str | None = None, which: str = "steady") -> list[TypeTime]:
+        """``time_table`` summed by layer type (Convolution, ReLU, ...), longest first."""
+        return type_times(self.time_table(iterations, which))
+
+    def time_by_phase(self, iterations: str | None = None,
+                      which: str = "steady") -> PhaseTime | None:
+        """Seconds per iteration: wall, forward, backward, update, stalled, and which iterations
+        are counted (``iterations`` and ``which`` as in ``time_table``); None without step
+        times."""
+        return phase_times(self._update(), iterations, which)
 
 
 # -- text ----------------------------------------------------------------------------------------
@@ -180,11 +205,13 @@ def time_text(fold, types: dict, top: int | None = 20) -> str:
     phase = phase_times(fold)
     if phase is None:
         return "time          no timed iterations in this trace"
-    n, kind = phase.iterations, phase.kind
-    head = (f"time          per {KIND_WORDS.get(kind, kind)} iteration (the mean of {n}): "
+    n, kind, first = phase.iterations, phase.kind, fold.times_first[phase.kind]
+    counts = ("the only one, warm-up included" if phase.warmup else
+              f"the mean of {n}, after the first: {_ms(first['wall'])} ms, warm-up, left out")
+    head = (f"time          per {KIND_WORDS.get(kind, kind)} iteration ({counts}): "
             f"{_ms(phase.wall)} ms wall, {_ms(phase.steps)} ms in steps, "
             f"{_ms(phase.stall)} ms stalled")
-    others = {k: t["iterations"] for k, t in fold.times.items() if k != kind and t["iterations"]}
+    others = {k: iteration_count(fold, k) for k in fold.times_first if k != kind}
     if others:
         head += " (not counted: " + ", ".join(f"{n_} {KIND_WORDS.get(k, k)}"
                                                for k, n_ in sorted(others.items())) + ")"
