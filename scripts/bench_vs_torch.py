@@ -42,11 +42,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import minilms  # noqa: E402,F401  (first: it sets the OpenMP wait policy before any pool starts)
+# minilms before numpy: it sets the OpenMP wait policy and OpenBLAS's thread timeout, which
+# OpenBLAS reads when numpy loads it (``python -m minilms.train`` always imports it first)
+import minilms  # noqa: E402,F401,I001
+import numpy as np  # noqa: E402
 from minilms import zoo  # noqa: E402
 from minilms.device import make_device  # noqa: E402
 from minilms.lms import (  # noqa: E402
