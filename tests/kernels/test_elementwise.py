@@ -158,12 +158,24 @@ def test_elementwise_cuda_matches_cpu(n):
         (ew.dropout_forward, (x, mask, 0.4, np.empty_like(x)), {}),
         (ew.accumulate, (x.copy(), y), {}),
     ]
+    # axpby: a compiled GPU kernel may contract a * x + b * y into one FMA (one rounding less),
+    # so where the two terms cancel the relative error is unbounded: bound the difference by
+    # float32 rounding of the terms' sizes instead (an ulp of |a x| + |b y| per element, twice).
+    terms = np.abs(1.5 * x.astype(np.float64)) + np.abs(2.0 * y.astype(np.float64))
+    bound = {ew.axpby: 2 * np.finfo(np.float32).eps * terms}
     for launcher, args, kw in cases:
         cpu = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
         launcher(*cpu, **kw)
         gpu = on_cuda(launcher, *args, **kw)
         for c, g in zip(cpu, gpu):
-            if isinstance(c, np.ndarray):
+            if not isinstance(c, np.ndarray):
+                continue
+            if launcher in bound:
+                finite = np.isfinite(c)
+                np.testing.assert_array_equal(g[~finite], c[~finite], launcher.__name__)
+                assert np.all(np.abs(g[finite].astype(np.float64) - c[finite])
+                              <= bound[launcher][finite]), launcher.__name__
+            else:
                 np.testing.assert_allclose(g, c, rtol=1e-6, err_msg=launcher.__name__)
 
 
