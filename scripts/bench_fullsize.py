@@ -44,22 +44,13 @@ DEFAULT_CASES = ["resnet50:224:8", "resnet50:224:16", "resnet152:224:8", "resnet
 
 # -- the worker: one contender in one process ----------------------------------------------------
 
-def peak_rss() -> int:
-    """The process's peak resident set (VmHWM), bytes."""
+def status_bytes(field: str) -> int:
+    """A size from /proc/self/status, bytes: ``VmHWM`` (the peak resident set), ``VmRSS`` (now)."""
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
-def resident_now() -> int:
-    """The process's resident set now (VmRSS), bytes."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def time_runs(step, iters, runs, warmup) -> float:
@@ -95,7 +86,7 @@ def minilms_worker(case) -> dict:
     from minilms.device import make_device
     from minilms.lms import LmsExecutor, Policy, least_pool, resident_bytes
     from minilms.solver import SGD
-    baseline = resident_now()
+    baseline = status_bytes("VmRSS")
     net, inputs = build(case, np)
     steps = net.schedule(("momentum",))
     everything = resident_bytes(net, steps)
@@ -111,10 +102,9 @@ def minilms_worker(case) -> dict:
     seconds = time_runs(lambda: executor.iterate(inputs), case["iters"], case["runs"],
                         case["warmup"])
     host = executor.host_memory(batches=1)      # the one batch this process holds
-    return {"seconds": seconds, "rss": peak_rss(), "baseline": baseline, "host": host.total,
-            "pool": pool,
-            "resident": everything, "plan_s": plan_s, "flops": 3 * net_flops(net),
-            "blas_spin_fixed": minilms.BLAS_SPIN_FIXED}
+    return {"seconds": seconds, "rss": status_bytes("VmHWM"), "baseline": baseline,
+            "host": host.total, "pool": pool, "resident": everything, "plan_s": plan_s,
+            "flops": 3 * net_flops(net), "blas_spin_fixed": minilms.BLAS_SPIN_FIXED}
 
 
 def net_flops(net) -> int:
@@ -143,7 +133,7 @@ def torch_worker(case) -> dict:
         optimizer.step()
 
     seconds = time_runs(step, case["iters"], case["runs"], case["warmup"])
-    return {"seconds": seconds, "rss": peak_rss(), "flops": 3 * net_flops(net),
+    return {"seconds": seconds, "rss": status_bytes("VmHWM"), "flops": 3 * net_flops(net),
             "version": torch.__version__}
 
 
