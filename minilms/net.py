@@ -118,10 +118,12 @@ class Net:
     """``Net(layer_specs, inputs)``: ``inputs`` maps each input blob to ``(shape, dtype)``."""
 
     def __init__(self, layer_specs: list[dict], inputs: dict, where: str = "model.layers",
-                 listed: bool = True):
+                 listed: bool = True, device_kind: str | None = None):
         """``where`` names the layers in errors: the config key of their list (``model.layers``),
         or, with ``listed=False``, what made them when the config does not list them (a zoo
-        model's: ``model.zoo (lenet)``)."""
+        model's: ``model.zoo (lenet)``). ``device_kind``: the device the net will run on
+        (``Layer.setup``), or None for a net that may run on either (workspace for both)."""
+        self.device_kind = device_kind
         self.specs, self.where, self.listed = layer_specs, where, listed
         self.inputs = {name: (tuple(shape), np.dtype(dtype))
                        for name, (shape, dtype) in inputs.items()}
@@ -146,7 +148,7 @@ class Net:
             shapes = [self.blobs[b].shape for b in layer.bottom]
             dtype = np.dtype(np.float32)
             try:
-                top_shapes = layer.setup(shapes)
+                top_shapes = layer.setup(shapes, device_kind)
             except ShapeError as error:
                 raise self._config_error(error, i, layer.name, layer.type) from None
             for top, shape in zip(layer.top, top_shapes):
@@ -185,7 +187,7 @@ class Net:
     def with_inputs(self, inputs: dict) -> "Net":
         """The same layers for other input shapes (a smaller last batch): a net of its own, since
         layers size their buffers and workspace at set-up."""
-        return Net(self.specs, inputs, self.where, self.listed)
+        return Net(self.specs, inputs, self.where, self.listed, self.device_kind)
 
     # -- structure -------------------------------------------------------------------------------
     def _ordered(self, layers: list[Layer]) -> list[Layer]:

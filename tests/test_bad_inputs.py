@@ -207,9 +207,9 @@ CASES = [
     ("no loss layer", "train", lambda t: [config(t, (
         "    - {name: loss, type: SoftmaxWithLoss, bottom: [fc, label], top: loss}\n", "")),
         *QUICK], ["model.layers", "loss"]),
-    ("pool far too small", "train", lambda t: [config(t, ("memory: 12MiB", "memory: 1MiB"))],
+    ("pool far too small", "train", lambda t: [config(t, ("memory: 9MiB", "memory: 1MiB"))],
      ["MiB", "device.memory"]),
-    ("memory in parsecs", "train", lambda t: [config(t, ("memory: 12MiB", "memory: 3 parsecs"))],
+    ("memory in parsecs", "train", lambda t: [config(t, ("memory: 9MiB", "memory: 3 parsecs"))],
      ["bad.yaml:", "device.memory"]),
     ("link unknown", "train", lambda t: [config(t, ("link: pcie3", "link: pcie9"))],
      ["bad.yaml:", "device.link"]),

@@ -65,7 +65,7 @@ def weights(run_dir):
 
 def test_quickstart_reaches_95_percent(tmp_path):
     """The README's main command, as it is (but for where it writes and the trace, which has its
-    own tests): a small CNN on shapes in a pool of 12 MiB, where LMS off needs 30.5. Its time (the
+    own tests): a small CNN on shapes in a pool of 9 MiB, where LMS off needs 22.3. Its time (the
     goal: under 3 minutes on two cores) is printed, never asserted: CI does not gate on clocks."""
     run_dir = tmp_path / "quickstart"
     started = time.perf_counter()

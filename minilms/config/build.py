@@ -46,9 +46,11 @@ def build_net(config, batch: int | None = None) -> Net:
     .stride`` for a listed layer; a zoo model's layers are not in the file, so theirs name
     ``model.zoo`` (``model.zoo (lenet): layer conv2: ...``), which ``config_error_line`` locates."""
     layers, shapes = model_layers(config, num_classes(config)), input_shapes(config, batch)
+    kind = device_kind(config)
     if config.model.layers is not None:
-        return Net(layers, shapes, where="model.layers")
-    return Net(layers, shapes, where=f"model.zoo ({config.model.zoo})", listed=False)
+        return Net(layers, shapes, where="model.layers", device_kind=kind)
+    return Net(layers, shapes, where=f"model.zoo ({config.model.zoo})", listed=False,
+               device_kind=kind)
 
 
 def lms_policy(config) -> Policy:

@@ -117,6 +117,7 @@ class Layer:
     backward_reads: ClassVar[frozenset] = frozenset({"bottom"})
     has_backward: ClassVar[bool] = True
     is_loss: ClassVar[bool] = False
+    device_kind: str | None = None    # set by setup: the device the layer is sized for
 
     def __init__(self, name: str, bottom: list[str], top: list[str]):
         self.name, self.bottom, self.top = name, list(bottom), list(top)
@@ -129,7 +130,11 @@ class Layer:
         self.bottom_shapes: list[tuple] = []
         self.top_shapes: list[tuple] = []
 
-    def setup(self, bottom_shapes: list[tuple]) -> list[tuple]:
+    def setup(self, bottom_shapes: list[tuple], device_kind: str | None = None) -> list[tuple]:
+        """Shapes for ``bottom_shapes``. ``device_kind`` (``"cpu"``, ``"cuda"``, or None: either)
+        is the device the layer will run on, where its workspace depends on the engine that runs
+        there; a layer set up for one device kind may fail with a clear error on another."""
+        self.device_kind = device_kind
         self.bottom_shapes = [tuple(s) for s in bottom_shapes]
         self.top_shapes = [tuple(s) for s in self.infer(self.bottom_shapes)]
         return self.top_shapes

@@ -37,6 +37,12 @@ takes the same elements at twice the bytes):
   is walked in bands of output rows: ``col`` holds one band's columns, and since a band of
   ``top[n]`` (or of ``dy[n]``) is not contiguous across channels, the GEMM goes through a staging
   buffer ``[out / groups, band]`` that a copy kernel (``slice_copy``) moves into place.
+
+The device the layer is set up for (``Layer.setup(..., device_kind)``; a net built from a config
+knows it) sizes the workspace for what runs there: ``cuda`` one sample at a time, no chunks;
+``cpu`` where the engine runs every part of the step (``DirectConvolution.covers_all``) only the
+engine's workspace; otherwise, and for a layer set up for either (None), enough for every path.
+A layer run on a device it was not sized for fails with an error that says so, never silently.
 """
 import numpy as np
 
@@ -112,20 +118,26 @@ class Convolution(Layer):
         self.out_group = self.num_output // self.groups  # outputs per group
         self.k = self.in_group * kh * kw                 # rows of col
         self.out_h, self.out_w = out_h, out_w
-        self._size_workspace(shape)
+        self._size_workspace(shape, chunked=self.device_kind != "cuda")
         self.fast = None if self.engine == "reference" else DirectConvolution(
             shape, (self.num_output, self.in_group) + self.kernel_size, self.groups,
             self._geometry(), self.chunk, self.max_workspace)
-        self.elements = max(self.elements, self.fast.elements if self.fast else 0)
+        engine = self.fast.elements if self.fast else 0
+        self.engine_only = self.device_kind == "cpu" and self.fast and self.fast.covers_all
+        if self.engine_only:
+            self.elements = max(engine, 1)   # the engine runs it all: no im2col columns
+        else:
+            self.elements = max(self.elements, engine)
         return [(n, self.num_output, out_h, out_w)]
 
-    def _size_workspace(self, shape):
-        """The plan, in float elements: ``chunk`` (samples per cpu chunk, 0: none fits),
-        ``band_rows`` and ``staged`` (the per-sample plan), and the workspace's ``elements``."""
+    def _size_workspace(self, shape, chunked: bool = True):
+        """The plan, in float elements: ``chunk`` (samples per cpu chunk, 0: none fits, or not
+        ``chunked``: a layer set up for ``cuda`` works one sample at a time), ``band_rows`` and
+        ``staged`` (the per-sample plan), and the workspace's ``elements``."""
         budget = self.max_workspace // 4          # float32 elements
         plane, ones = self.out_h * self.out_w, int(self.bias)
         per_sample = (self.groups * self.k + self.num_output) * plane   # col and dyT of a chunk
-        self.chunk = min(shape[0], budget // per_sample)
+        self.chunk = min(shape[0], budget // per_sample) if chunked else 0
         self.band_rows, self.staged = self.out_h, False
         if self.chunk >= 1:
             self.elements = self.chunk * per_sample   # holds one sample's col and ones as well
@@ -168,6 +180,15 @@ class Convolution(Layer):
                              "dtype: allocate BufferSpec(dtype=None) with dtype_in(run dtype))")
         return work
 
+    def _reference_allowed(self, data):
+        """A layer whose workspace was sized for the ``cpu`` engine alone cannot run im2col +
+        GEMM (float64 data, or another device): say so rather than overrun the workspace."""
+        if self.engine_only:
+            where = "cpu" if on_cpu(data) else "cuda"
+            raise ShapeError(self, "workspace", "a layer set up for this run (Layer.setup's "
+                             "device_kind): it was sized for the cpu device's float32 engine",
+                             f"{data.dtype} data on {where}")
+
     def _views(self, flat, r0, r1):
         """``col [K, L]``, ``stage [out / groups, L]`` (None unstaged), ``ones [L]`` (None without
         bias) for the band ``r0 .. r1`` (``L = (r1 - r0) * OW``); each contiguous."""
@@ -190,6 +211,7 @@ class Convolution(Layer):
         flat = self._workspace(io, x)
         if self.fast and self.fast.forward(x, io.params["weight"], io.params.get("bias"), y, flat):
             return
+        self._reference_allowed(x)
         if self.chunk and on_cpu(x):
             conv_cpu.conv_forward(x, io.params["weight"], io.params.get("bias"), y, flat,
                                   self.chunk, self._geometry())
@@ -228,9 +250,11 @@ class Convolution(Layer):
             if self.fast:
                 dx, dweight, dbias = self.fast.backward(x, dy, weight, dx, dweight, dbias, flat)
             if dx is not None or dweight is not None or dbias is not None:
+                self._reference_allowed(dy)
                 conv_cpu.conv_backward(x, dy, weight, dx, dweight, dbias, flat, self.chunk,
                                        self._geometry())
             return
+        self._reference_allowed(dy)
         n_samples, rows, staged = dy.shape[0], self.band_rows, self.staged
         weight = io.params["weight"].reshape(self.groups, self.out_group, self.k)
         if dweight is not None:

@@ -11,9 +11,11 @@ from .base import Layer, StepIO
 
 class LayerRun:
     def __init__(self, device, layer: Layer, bottom_shapes, dtype=np.float32, seed: int = 0,
-                 bottom_dtypes=None):
+                 bottom_dtypes=None, device_kind: str | None = None):
+        """``device_kind``: set the layer up for that device (``Layer.setup``); None, the
+        default, sizes it for either."""
         self.device, self.layer, self.seed = device, layer, seed
-        top_shapes = layer.setup(bottom_shapes)
+        top_shapes = layer.setup(bottom_shapes, device_kind)
         bottom_dtypes = bottom_dtypes or [dtype] * len(bottom_shapes)
         name = layer.name
 

@@ -102,3 +102,101 @@ def test_auto_engine_takes_the_forward():
 def test_unknown_engine_is_a_shape_error_naming_the_option():
     with pytest.raises(ShapeError, match="engine"):
         Convolution("conv", ["x"], ["y"], num_output=2, kernel_size=3, engine="fast")
+
+
+# -- workspace sized for the device the layer runs on ---------------------------------------------
+def sized(g, device_kind, max_workspace=64 * MiB):
+    conv = Convolution("conv", ["x"], ["y"], num_output=g.o, kernel_size=list(g.kernel),
+                       stride=list(g.stride), pad=list(g.pad), bias=False,
+                       max_workspace=max_workspace)
+    conv.setup([(g.n, g.c, g.height, g.width)], device_kind)
+    return conv
+
+
+POINTWISE_LONG = Geometry(4, 16, 24, (1, 1), (1, 1), (0, 0), (1, 1), 16, 16)     # plane 256
+POINTWISE_SHORT = Geometry(4, 16, 24, (1, 1), (1, 1), (0, 0), (1, 1), 7, 7)
+THREE_BY_THREE = Geometry(4, 16, 16, (3, 3), (1, 1), (1, 1), (1, 1), 12, 12)
+FEW_CHANNELS = Geometry(4, 3, 8, (7, 7), (2, 2), (3, 3), (1, 1), 20, 20)     # a first layer
+
+
+def test_cpu_workspace_is_the_engines_where_it_runs_everything():
+    """Set up for ``cpu``: no im2col columns where the engine runs the whole step (a 1x1
+    convolution over long planes needs none at all; short planes, their side-by-side columns;
+    3x3 the direct kernels' prepared input), the reference's where it does not (a first layer's
+    input gradient would be im2col's). ``None`` sizes for every path, as before; ``cuda`` for
+    one sample at a time, no chunks."""
+    for g in (POINTWISE_LONG, POINTWISE_SHORT, THREE_BY_THREE):
+        cpu, either = sized(g, "cpu"), sized(g, None)
+        assert cpu.engine_only and not either.engine_only
+        assert cpu.elements <= either.elements, g   # equal for short planes: the same columns
+        assert cpu.elements == max(cpu.fast.elements, 1)
+    for g in (POINTWISE_LONG, THREE_BY_THREE):
+        assert sized(g, "cpu").elements < sized(g, None).elements
+    assert sized(POINTWISE_LONG, "cpu").elements == 1
+    short = sized(POINTWISE_SHORT, "cpu")
+    assert short.elements == short.chunk * (16 + 24) * 49
+    first = sized(FEW_CHANNELS, "cpu")
+    assert not first.engine_only and first.elements == sized(FEW_CHANNELS, None).elements
+    for g in (POINTWISE_LONG, THREE_BY_THREE, FEW_CHANNELS):
+        cuda = sized(g, "cuda")
+        assert cuda.chunk == 0 and not cuda.fast.pointwise
+        plane = cuda.out_h * cuda.out_w
+        assert cuda.elements == cuda.k * plane        # one sample's col (no bias: no ones)
+
+
+@pytest.mark.parametrize("g", [POINTWISE_LONG, POINTWISE_SHORT, THREE_BY_THREE],
+                         ids=["1x1 long", "1x1 short", "3x3"])
+def test_cpu_sized_layer_computes_what_the_layer_sized_for_either_does(g):
+    """The same engine paths: the forward bit for bit (every output computed alone), the
+    gradients to float32 rounding (a smaller workspace may take the samples in more calls)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((g.n, g.c, g.height, g.width)).astype(np.float32)
+    results = []
+    for kind in ("cpu", None):
+        conv = sized(g, kind)
+        dy = np.random.default_rng(8).standard_normal(conv.top_shapes[0]).astype(np.float32)
+        params = {"weight": np.random.default_rng(9).standard_normal(
+            conv.params()[0].shape).astype(np.float32)}
+        with new_device("cpu", 64 * MiB) as device:
+            runner = LayerRun(device, conv, [x.shape], device_kind=kind)
+            runner.set_param("weight", params["weight"])
+            y = runner.forward([x])[0].copy()
+            (dx,), grads = runner.backward([dy])
+            results.append((y, dx.copy(), grads["weight"].copy()))
+    (y1, dx1, dw1), (y2, dx2, dw2) = results
+    np.testing.assert_array_equal(y1, y2)
+    np.testing.assert_allclose(dx1, dx2, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dw1, dw2, rtol=1e-5, atol=1e-4)
+
+
+def test_a_layer_sized_for_the_cpu_engine_refuses_the_reference_path():
+    """Float64 data (the engine takes float32 only) on a layer sized for the engine alone: one
+    clear error naming the workspace, not an overrun."""
+    conv = sized(THREE_BY_THREE, "cpu")
+    with new_device("cpu", 64 * MiB) as device:
+        runner = LayerRun(device, conv, [(4, 16, 12, 12)], dtype=np.float64, device_kind="cpu")
+        with pytest.raises(ShapeError, match="workspace.*sized for the cpu device's float32 "
+                                             "engine.*float64 data on cpu"):
+            runner.forward([np.ones((4, 16, 12, 12))])
+
+
+@pytest.mark.cuda
+def test_a_layer_sized_for_cuda_runs_there_one_sample_at_a_time():
+    """Set up for ``cuda`` (no chunks, one sample's columns): the simulator's forward and
+    backward equal the cpu's (sized for either) to float32 rounding."""
+    g = Geometry(2, 3, 4, (3, 3), (2, 2), (1, 1), (1, 1), 5, 5)
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((g.n, g.c, g.height, g.width)).astype(np.float32)
+    weight = rng.standard_normal((g.o, g.c, 3, 3)).astype(np.float32)
+    results = []
+    for kind, sized_for in (("cuda", "cuda"), ("cpu", None)):
+        conv = sized(g, sized_for)
+        dy = np.random.default_rng(11).standard_normal(conv.top_shapes[0]).astype(np.float32)
+        with new_device(kind, 16 * MiB) as device:
+            runner = LayerRun(device, conv, [x.shape], device_kind=sized_for)
+            runner.set_param("weight", weight)
+            y = runner.forward([x])[0].copy()
+            (dx,), grads = runner.backward([dy])
+            results.append((y, dx.copy(), grads["weight"].copy()))
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -33,6 +33,9 @@ class DirectConvolution:
         self.geometry, self.groups, self.chunk = geometry, groups, chunk
         self.elements = 0
         self.pointwise = bool(chunk) and pointwise.applies(weight_shape, geometry)
+        # which input gradient runs here ("direct", "lanes", or None: im2col + GEMM's), and
+        # whether the weight gradient does: the backward leaves the rest to the layer
+        self.dx_path, self.dw_direct = None, False
         if not chunk:
             return
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
@@ -40,20 +43,32 @@ class DirectConvolution:
         out, out_h, out_w = (weight_shape[0], conv_out_size(height, kh, sh, ph, dh),
                              conv_out_size(width, kw, sw, pw, dw))
         if self.pointwise:
-            self.elements = pointwise.workspace_elements(x_shape, out, out_h * out_w, chunk)
+            self.elements = pointwise.workspace_elements(x_shape, out, out_h * out_w, chunk,
+                                                         strided=(sh, sw) != (1, 1))
             return
+        self.dw_direct = weight_grad.weight_grad_pays(weight_shape)
         # the larger of the forward's and the weight gradient's prepared inputs (max_step 1),
         # and of dy's as the input of the transposed convolution where that path is taken
         x_sample = conv.padded_size(x_shape, *geometry, max_step=1)
         transposed = conv.transposed_geometry(geometry)
-        dy_sample = 0 if transposed is None or not conv.input_grad_pays(weight_shape) else \
+        if transposed is not None and conv.input_grad_pays(weight_shape):
+            self.dx_path = "direct"
+        dy_sample = 0 if self.dx_path is None else \
             conv.padded_size((samples, out, out_h, out_w), *transposed)
         self.elements = VL + chunk * max(x_sample, dy_sample)
         # dy with samples in lanes: a whole number of vectors of them, within max_workspace
         dy_lanes = -(-chunk // VL) * VL * out * out_h * out_w
-        if dy_lanes * 4 <= max_workspace and input_grad.sample_lanes_pay(
-                x_shape, weight_shape, geometry):
+        if self.dx_path is None and dy_lanes * 4 <= max_workspace and \
+                input_grad.sample_lanes_pay(x_shape, weight_shape, geometry):
+            self.dx_path = "lanes"
             self.elements = max(self.elements, dy_lanes)
+
+    @property
+    def covers_all(self) -> bool:
+        """Whether this engine runs every part of the forward and the backward here (float32,
+        no groups, on the ``cpu`` device), so the layer needs no workspace of its own there."""
+        return self.chunk >= 1 and self.groups == 1 and (
+            self.pointwise or (self.dx_path is not None and self.dw_direct))
 
     def _applies(self, array) -> bool:
         return on_cpu(array) and conv.supports(array.dtype, self.groups)
@@ -86,14 +101,12 @@ class DirectConvolution:
         # The direct kernels run first: run after a GEMM, they would share the cores with
         # OpenBLAS's workers, which spin for a while after a call.
         done_dx = False
-        if dx is not None and conv.input_grad_pays(weight.shape) and \
-                conv.transposed_geometry(self.geometry) is not None:
+        if dx is not None and self.dx_path == "direct":
             done_dx = conv.conv_input_grad_direct(dy, weight, dx, work, self.geometry)
-        elif dx is not None and input_grad.sample_lanes_pay(dx.shape, weight.shape,
-                                                            self.geometry):
+        elif dx is not None and self.dx_path == "lanes":
             done_dx = input_grad.conv_input_grad_lanes(dy, weight, dx, work, self.geometry)
         chunk = conv.chunk_size(x.shape, self.geometry, work.size, max_step=1)
-        if chunk >= 1 and weight_grad.weight_grad_pays(weight.shape):
+        if chunk >= 1 and self.dw_direct:
             weight_grad.conv_weight_grad_direct(x, dy, dweight, dbias, work, chunk,
                                                 self.geometry)
             dweight = dbias = None

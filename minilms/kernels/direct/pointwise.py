@@ -37,11 +37,14 @@ def applies(weight_shape, geometry) -> bool:
     return (kh, kw) == (1, 1) and (ph, pw) == (0, 0) and len(weight_shape) == 4
 
 
-def workspace_elements(x_shape, out: int, out_plane: int, chunk: int) -> int:
-    """Float elements the workspace must hold for ``chunk`` samples: a gathered sub-grid of ``x``
-    (or of ``dx``), and the side-by-side columns of ``dy`` and ``x``."""
+def workspace_elements(x_shape, out: int, out_plane: int, chunk: int, strided: bool) -> int:
+    """Float elements the workspace must hold for ``chunk`` samples: the side-by-side columns of
+    ``dy`` and ``x`` where a plane is short, a gathered sub-grid of ``x`` (or of ``dx``) where
+    the convolution is strided, nothing otherwise."""
     channels = x_shape[1]
-    return chunk * (channels + out) * out_plane
+    if out_plane < SHORT_PLANE:
+        return chunk * (channels + out) * out_plane
+    return chunk * channels * out_plane if strided else 0
 
 
 def _strided(geometry) -> bool:
