@@ -72,7 +72,7 @@ def build(case, np):
     classes = case.get("classes", 1000)
     layers = zoo.MODELS[model](num_classes=classes, width=case.get("width", 1))
     net = Net(layers, {"data": ((batch, 3, size, size), np.float32),
-                       "label": ((batch,), np.int32)})
+                       "label": ((batch,), np.int32)}, device_kind="cpu")   # as a config's
     rng = np.random.default_rng(0)
     inputs = {"data": rng.random((batch, 3, size, size), dtype=np.float32),
               "label": rng.integers(0, classes, batch).astype(np.int32)}

@@ -119,7 +119,8 @@ def _run(args, mode: str, baseline: int) -> dict:
     batch = {"data": rng.standard_normal(shape, dtype=np.float32),
              "label": rng.integers(0, args.classes, args.batch).astype(np.int32)}
     net = Net(zoo.resnet(args.depth, num_classes=args.classes, width=args.width),
-              {name: (value.shape, value.dtype) for name, value in batch.items()})
+              {name: (value.shape, value.dtype) for name, value in batch.items()},
+              device_kind="cpu")                       # sized for the cpu, as a config's net
     if mode == "auto":
         capacity, policy = args.pool, Policy(policy="auto")
     else:

@@ -83,7 +83,7 @@ def make_batch(batch, channels, size, seed=0):
 
 
 def build_net(layers, batch):
-    return Net(layers, {k: (v.shape, v.dtype) for k, v in batch.items()})
+    return Net(layers, {k: (v.shape, v.dtype) for k, v in batch.items()}, device_kind="cpu")
 
 
 def torch_model(torch, net):
