@@ -46,6 +46,7 @@ from ..kernels.elementwise import fill, slice_copy
 from ..kernels.gemm import gemm
 from ..kernels.im2col import col2im, conv_out_size, im2col
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
+from .split import ACCUMULATE, Pass, Phase, SplitRule, samples
 
 MiB = 2**20
 ENGINES = ("auto", "reference")
@@ -55,6 +56,9 @@ ENGINES = ("auto", "reference")
 class Convolution(Layer):
     type = "Convolution"
     backward_reads = frozenset({"bottom"})
+    # forward and dx per sample; dweight and dbias are sums over the samples: per chunk, added up
+    split = SplitRule(samples("forward"), Phase(ACCUMULATE, (Pass("backward"),), exact=False,
+                                                sums=("param_grad.weight", "param_grad.bias")))
 
     def __init__(self, name, bottom, top, num_output=None, kernel_size=None, stride=1, pad=0,
                  dilation=1, bias: bool = True, groups: int = 1, weight_init: str = "he",

@@ -15,6 +15,7 @@ import numpy as np
 from ..kernels.elementwise import fill
 from ..kernels.gemm import gemm
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
+from .split import ACCUMULATE, Pass, Phase, SplitRule, samples
 
 ONES_ROWS = 1024  # the most rows one bias gemm covers: bounds the workspace, whatever the batch
 
@@ -23,6 +24,9 @@ ONES_ROWS = 1024  # the most rows one bias gemm covers: bounds the workspace, wh
 class InnerProduct(Layer):
     type = "InnerProduct"
     backward_reads = frozenset({"bottom"})
+    # forward and dx per sample; dweight and dbias are sums over the samples: per chunk, added up
+    split = SplitRule(samples("forward"), Phase(ACCUMULATE, (Pass("backward"),), exact=False,
+                                                sums=("param_grad.weight", "param_grad.bias")))
 
     def __init__(self, name, bottom, top, num_output=None, bias: bool = True,
                  weight_init: str = "he"):
