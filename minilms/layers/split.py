@@ -26,9 +26,12 @@ A phase says what kind it is, and how it runs, as data:
              (``kernels.elementwise.accumulate``; in chunk order, so deterministic)
     whole    batch blobs a once-pass reads whole (``"saved.loss"``: SoftmaxWithLoss's per-sample
              losses, 4 bytes a sample)
-    exact    True: a split step gives the unsplit step's results bit for bit; False: the floats in
-             ``sums`` are regrouped (the same terms, added in another order: equal within float
-             tolerance), every other output is still bitwise
+    regrouped  the outputs a split step gives only within float tolerance (the same terms added
+             in another order): ``"top"``, ``"bottom_grad"``, ``"param_grad.<name>"``,
+             ``"saved.<name>"``, ``"param.<name>"``; every other output is bit for bit the
+             unsplit step's (``exact``: nothing regrouped). Float ``sums`` are regrouped; so is
+             anything a BLAS call computes for a chunk, since BLAS picks its kernel, and with it
+             the order of a row's dot product, by the matrix shape (one row: gemv)
 
 Extra memory a split step needs beyond the unsplit step's (``split_buffers``): one temporary per
 entry of ``sums`` (a parameter gradient's size: used by every chunk after the first), and the
@@ -54,6 +57,8 @@ CHUNKS, ONCE = "chunks", "once"
 PHASES = ("forward", "backward", "inference")
 SUM_ROLES = ("param_grad", "work")   # where a summed output may live
 WHOLE_ROLES = ("saved",)             # which batch blobs a once-pass may read whole
+OUTPUTS = ("top", "bottom_grad")     # regrouped outputs named by role alone (all of them)
+NAMED_OUTPUTS = ("param_grad", "saved", "param")   # ... and by role and name
 
 
 @dataclass(frozen=True)
@@ -75,9 +80,14 @@ class Phase:
     docstring."""
     kind: str
     passes: tuple[Pass, ...]
-    exact: bool = True
     sums: tuple[str, ...] = ()
     whole: tuple[str, ...] = ()
+    regrouped: tuple[str, ...] = ()
+
+    @property
+    def exact(self) -> bool:
+        """Whether a split step gives every output of the unsplit step bit for bit."""
+        return not self.regrouped
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -92,8 +102,11 @@ class Phase:
         if self.sums and self.kind != ACCUMULATE:
             raise ValueError(f"split phase: sums belong to the {ACCUMULATE!r} kind, not "
                              f"{self.kind!r}")
-        if not self.exact and not self.sums:
-            raise ValueError("split phase: only sums are regrouped (exact False needs sums)")
+        for name in self.regrouped:
+            role = name.split(".", 1)[0]
+            if not (name in OUTPUTS or role in NAMED_OUTPUTS and "." in name):
+                raise ValueError(f"split phase: regrouped output {name!r}: expected one of "
+                                 f"{OUTPUTS} or '<role>.<name>' with role in {NAMED_OUTPUTS}")
 
 
 def samples(method: str) -> Phase:
