@@ -226,7 +226,7 @@ def dropout_backward(dy, mask, p, dx, stream=None):
 
 # ---------------------------------------------------------------- accumulate
 
-@cuda_kernel(*_sigs("void(A, A)"))
+@cuda_kernel(*_sigs("void(A, A)"), "void(int32[::1], int32[::1])")
 def accumulate_cuda(dst, src):
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         dst[i] += src[i]
@@ -239,8 +239,9 @@ def accumulate_cpu(dst, src):
 
 
 def accumulate(dst, src, stream=None):
-    """``dst += src``: gradient accumulation where a blob feeds several layers of a DAG. The order
-    of the calls fixes the order of the sums, so the result is deterministic."""
+    """``dst += src``: gradient accumulation where a blob feeds several layers of a DAG, and the
+    sums of a step split along the batch (int32 too: counts). The order of the calls fixes the
+    order of the sums, so the result is deterministic."""
     dst, src = flat(dst, src)
     if on_cpu(dst):
         accumulate_cpu(dst, src)

@@ -26,7 +26,7 @@ from numba import cuda, int32, njit, prange
 from .common import block_max, block_sum, grid_1d, launch, view
 from .registry import cuda_kernel, on_cpu
 
-__all__ = ["softmax_xent_forward", "softmax_xent_backward", "accuracy"]
+__all__ = ["softmax_xent_forward", "batch_mean", "softmax_xent_backward", "accuracy"]
 
 ROW_THREADS = 128   # one block per row of logits
 SUM_THREADS = 256   # the single block of the mean and count reductions
@@ -130,12 +130,20 @@ def softmax_xent_forward(logits, labels, prob, loss, mean_loss=None, stream=None
     args = (view(logits, n, k), _labels(labels, n), view(prob, n, k), view(loss, n))
     if on_cpu(logits):
         softmax_xent_forward_cpu(*args)
-        if mean_loss is not None:
-            mean_cpu(args[3], view(mean_loss, 1))
     else:
         launch(softmax_xent_forward_cuda, min(n, 65535), ROW_THREADS, stream)(*args)
-        if mean_loss is not None:
-            launch(mean_cuda, 1, SUM_THREADS, stream)(args[3], view(mean_loss, 1))
+    if mean_loss is not None:
+        batch_mean(loss, mean_loss, stream)
+
+
+def batch_mean(loss, mean_loss, stream=None):
+    """``mean_loss[0] = sum(loss) / loss.size``, in the fixed order of ``mean_cpu`` /
+    ``mean_cuda``: the mean of the per-sample losses, for the whole batch at once."""
+    src = view(loss, loss.size)
+    if on_cpu(loss):
+        mean_cpu(src, view(mean_loss, 1))
+    else:
+        launch(mean_cuda, 1, SUM_THREADS, stream)(src, view(mean_loss, 1))
 
 
 @cuda_kernel(*_sigs("void(M, int32[::1], S, M)"))
@@ -159,12 +167,13 @@ def softmax_xent_backward_cpu(prob, labels, w, dz):
             dz[n, k] = p * w
 
 
-def softmax_xent_backward(prob, labels, dlogits, loss_weight=1.0, stream=None):
-    """``dlogits = (prob - onehot(labels)) * loss_weight / N``; ``dlogits`` may be ``prob``."""
+def softmax_xent_backward(prob, labels, dlogits, loss_weight=1.0, stream=None, batch=None):
+    """``dlogits = (prob - onehot(labels)) * loss_weight / N``; ``dlogits`` may be ``prob``.
+    ``N`` is ``batch`` when given (the rows are a chunk of a larger batch), else the rows."""
     n, k = prob.shape
     if tuple(dlogits.shape) != (n, k):
         raise ValueError(f"softmax backward: prob {prob.shape}, dlogits {dlogits.shape}")
-    w = prob.dtype.type(loss_weight / n)   # 1/N folded in on the host, in double precision
+    w = prob.dtype.type(loss_weight / (batch or n))   # 1/N folded in on the host, in double
     args = (view(prob, n, k), _labels(labels, n), w, view(dlogits, n, k))
     if on_cpu(prob):
         softmax_xent_backward_cpu(*args)

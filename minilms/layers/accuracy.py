@@ -20,6 +20,7 @@ from ..kernels.common import launch, view
 from ..kernels.registry import cuda_kernel
 from ..kernels.softmax import accuracy
 from .base import BufferSpec, Layer, ShapeError, register
+from .split import ACCUMULATE, ONCE, Pass, Phase, SplitRule
 
 
 @cuda_kernel("void(int32[::1], int64, float32[::1])", "void(int32[::1], int64, float64[::1])",
@@ -36,6 +37,9 @@ class Accuracy(Layer):
     bottoms = (2, 2)
     backward_reads = frozenset()
     has_backward = False
+    # Split: hits counted per chunk and added up (integers: exact), then the rate once.
+    split = SplitRule(Phase(ACCUMULATE, (Pass("count"), Pass("rate", ONCE)),
+                            sums=("work.count",)), batch_tops=False)
 
     def __init__(self, name, bottom, top, top_k: int = 1):
         super().__init__(name, bottom, top)
@@ -55,12 +59,21 @@ class Accuracy(Layer):
         return [BufferSpec("count", (1,), np.dtype(np.int32))]
 
     def forward(self, io):
+        self.count(io)
+        self.rate(io)
+
+    def count(self, io):
+        """The hits among the samples ``io`` holds, into the workspace ``count``."""
         logits, labels = io.bottom
         if labels.dtype != np.int32:
             raise ShapeError(self, f"bottom 1 ({self.bottom[1]})", "int32 labels", labels.dtype)
-        n, k = self.bottom_shapes[0][:2]
+        n, k = labels.shape[0], self.bottom_shapes[0][1]
+        accuracy(view(logits, n, k), labels, io.work["count"], self.top_k, io.stream)
+
+    def rate(self, io):
+        """``top = count / N``, N the whole batch's."""
+        n = self.bottom_shapes[0][0]
         count, top = io.work["count"], io.top[0]
-        accuracy(view(logits, n, k), labels, count, self.top_k, io.stream)
         if on_cpu(top):
             top[0] = top.dtype.type(count[0]) / top.dtype.type(n)
         else:

@@ -8,17 +8,21 @@ net's executor, or ``LayerRun`` in tests and notebooks) places those blobs in th
     saved()       buffers forward writes and backward reads (max-pool argmax, dropout mask, ...)
     workspace()   scratch for one step (im2col columns, ...); bounded, never batch-proportional
     backward_reads  which forward blobs backward needs ("bottom", "top"): what LMS must keep
+    split         how a step splits along the batch (``minilms.layers.split``); None: never
 
 ``forward(io)`` and ``backward(io)`` receive a ``StepIO``: device arrays for every declared blob.
 Backward *overwrites* the bottom and parameter gradients; the net sums gradients where a blob feeds
 several layers.
 """
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from ..errors import ShapeError
+
+if TYPE_CHECKING:
+    from .split import SplitRule
 
 LAYERS: dict[str, type["Layer"]] = {}
 FILL_CHUNK = 8192   # float64 draws at a time in ParamSpec.fill: 64 KiB, under malloc's mmap bar
@@ -108,6 +112,7 @@ class StepIO:
     train: bool = True
     rng: np.random.Generator | None = None   # host RNG: both devices draw the same numbers
     stream: object = None                     # the compute stream kernels launch on
+    chunk: tuple[int, int] | None = None      # a split step's samples (n0, n1); None: the batch
 
 
 class Layer:
@@ -117,6 +122,7 @@ class Layer:
     backward_reads: ClassVar[frozenset] = frozenset({"bottom"})
     has_backward: ClassVar[bool] = True
     is_loss: ClassVar[bool] = False
+    split: ClassVar["SplitRule | None"] = None     # None: a step of this layer is never split
     device_kind: str | None = None    # set by setup: the device the layer is sized for
 
     def __init__(self, name: str, bottom: list[str], top: list[str]):
@@ -149,6 +155,11 @@ class Layer:
         return []
 
     def workspace(self) -> list[BufferSpec]:
+        return []
+
+    def split_workspace(self, phase: str) -> list[BufferSpec]:
+        """Scratch a split ``phase`` needs beyond ``workspace()``, shared by its chunks (batch
+        norm's partial sums); see ``minilms.layers.split``."""
         return []
 
     def flops(self) -> int:

@@ -27,17 +27,27 @@ float dtype (``BufferSpec(dtype=None)``), which is the data's. The kernels are i
 """
 import numbers
 
+import numpy as np
 from numba import cuda, njit, prange
 
 from ..kernels.batchnorm import (
     batchnorm_backward,
     batchnorm_forward_inference,
     batchnorm_forward_train,
+    batchnorm_normalize,
+    batchnorm_split_grad_sums,
+    batchnorm_split_input_grad,
+    batchnorm_split_invstd,
+    batchnorm_split_mean,
+    batchnorm_split_param_grads,
+    batchnorm_split_sums,
+    split_partial_shape,
 )
 from ..kernels.common import block_sum, launch, view
 from ..kernels.elementwise import fill
 from ..kernels.registry import cuda_kernel, on_cpu
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
+from .split import ONCE, STATISTICS, Pass, Phase, SplitRule, samples
 
 THREADS = 256   # one block per channel, as in kernels.batchnorm
 
@@ -102,6 +112,14 @@ def batchnorm_param_grads(x, dy, mean, invstd, dgamma, dbeta, stream=None) -> No
 class BatchNorm(Layer):
     type = "BatchNorm"
     backward_reads = frozenset({"bottom"})
+    # Split: the statistics over every chunk first, then normalisation per chunk; backward the
+    # same with its two sums. The sums are carried from chunk to chunk in the whole-batch
+    # kernels' order (kernels.batchnorm), so a split step is bitwise the unsplit one.
+    split = SplitRule(
+        Phase(STATISTICS, (Pass("sum_x"), Pass("finish_mean", ONCE), Pass("sum_squares"),
+                           Pass("finish_invstd", ONCE), Pass("normalize"))),
+        Phase(STATISTICS, (Pass("sum_grads"), Pass("finish_grads", ONCE), Pass("input_grad"))),
+        inference=samples("forward"))
 
     def __init__(self, name, bottom, top, momentum: float = 0.1, eps: float = 1e-5,
                  affine: bool = True):
@@ -141,6 +159,13 @@ class BatchNorm(Layer):
         names = ("dweight", "dbias") if self.affine else ("weight", "bias", "dweight", "dbias")
         return [BufferSpec(name, (self.channels,)) for name in names]
 
+    def split_workspace(self, phase):
+        """The carry of the split sums: float64 ``[2, C, 256]`` (the cpu uses ``[2, C, 1]`` of it),
+        4 KiB a channel."""
+        if phase == "inference":
+            return []
+        return [BufferSpec("partial", split_partial_shape(self.channels), np.dtype(np.float64))]
+
     def _check_dtype(self, x, buffers) -> None:
         """The buffers come in the run's dtype: data of another dtype would reach the kernels
         mixed (and compile, or fail, far from here)."""
@@ -148,15 +173,18 @@ class BatchNorm(Layer):
             if array.dtype != x.dtype:
                 raise ShapeError(self, f"dtype of {key}", f"the data's {x.dtype}", array.dtype)
 
+    def _gamma_beta(self, io):
+        if self.affine:
+            return io.params["weight"], io.params["bias"]
+        gamma, beta = io.work["weight"], io.work["bias"]
+        fill(gamma, 1.0, io.stream)
+        fill(beta, 0.0, io.stream)
+        return gamma, beta
+
     def forward(self, io):
         x, y = io.bottom[0], io.top[0]
         self._check_dtype(x, {**io.saved, **io.work})
-        if self.affine:
-            gamma, beta = io.params["weight"], io.params["bias"]
-        else:
-            gamma, beta = io.work["weight"], io.work["bias"]
-            fill(gamma, 1.0, io.stream)
-            fill(beta, 0.0, io.stream)
+        gamma, beta = self._gamma_beta(io)
         rm, rv = io.params["running_mean"], io.params["running_var"]
         if io.train:
             if x.size // self.channels < 2:
@@ -186,3 +214,71 @@ class BatchNorm(Layer):
             fill(gamma, 1.0, io.stream)
         batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, io.stream)
 
+
+    # -- a training step split along the batch (minilms.layers.split) ----------------------------
+    def _values(self) -> int:
+        """``M``: the values per channel in the whole batch."""
+        shape = self.bottom_shapes[0]
+        return int(np.prod(shape, dtype=np.int64)) // shape[1]
+
+    def sum_x(self, io):
+        x = io.bottom[0]
+        self._check_dtype(x, {k: v for k, v in {**io.saved, **io.work}.items() if k != "partial"})
+        if self._values() < 2:
+            raise ShapeError(self, f"bottom 0 ({self.bottom[0]})",
+                             "more than one value per channel in training", self.bottom_shapes[0])
+        batchnorm_split_sums(x, io.chunk[0], self._values(), io.saved["mean"], io.work["partial"],
+                             False, io.stream)
+
+    def finish_mean(self, io):
+        batchnorm_split_mean(io.work["partial"], self._values(), io.saved["mean"], io.stream)
+
+    def sum_squares(self, io):
+        batchnorm_split_sums(io.bottom[0], io.chunk[0], self._values(), io.saved["mean"],
+                             io.work["partial"], True, io.stream)
+
+    def finish_invstd(self, io):
+        batchnorm_split_invstd(io.work["partial"], self._values(), io.saved["mean"],
+                               io.saved["invstd"], io.params["running_mean"],
+                               io.params["running_var"], self.momentum, self.eps, io.stream)
+
+    def normalize(self, io):
+        gamma, beta = self._gamma_beta(io)
+        batchnorm_normalize(io.bottom[0], gamma, beta, io.saved["mean"], io.saved["invstd"],
+                            io.top[0], io.stream)
+
+    def _grads(self, io):
+        """(dgamma, dbeta, whether anything is wanted): the parameter gradients, or where they go
+        when none are wanted, as ``backward`` has them."""
+        dgamma, dbeta = io.param_grad.get("weight"), io.param_grad.get("bias")
+        wanted = dgamma is not None
+        if not wanted:
+            dgamma, dbeta = io.work["dweight"], io.work["dbias"]
+        return dgamma, dbeta, wanted or io.bottom_grad[0] is not None
+
+    def sum_grads(self, io):
+        if not io.train:
+            raise ShapeError(self, "backward", "a training-mode step (batch statistics)",
+                             "a test-mode step")
+        if self._grads(io)[2]:
+            batchnorm_split_grad_sums(io.bottom[0], io.top_grad[0], io.chunk[0], io.saved["mean"],
+                                      io.saved["invstd"], io.work["partial"],
+                                      io.bottom_grad[0] is not None, io.stream)
+
+    def finish_grads(self, io):
+        dgamma, dbeta, any_wanted = self._grads(io)
+        if any_wanted:
+            batchnorm_split_param_grads(io.work["partial"], io.saved["mean"], io.saved["invstd"],
+                                        dgamma, dbeta, io.bottom_grad[0] is not None, io.stream)
+
+    def input_grad(self, io):
+        dx = io.bottom_grad[0]
+        if dx is None:
+            return
+        dgamma, dbeta, _ = self._grads(io)
+        gamma = io.params["weight"] if self.affine else io.work["weight"]
+        if not self.affine:
+            fill(gamma, 1.0, io.stream)
+        batchnorm_split_input_grad(io.bottom[0], io.top_grad[0], gamma, io.saved["mean"],
+                                   io.saved["invstd"], io.work["partial"], dgamma, dbeta,
+                                   self._values(), dx, io.stream)

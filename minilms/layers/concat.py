@@ -7,6 +7,7 @@ Neither reads a forward blob. The copy kernel
 """
 from ..kernels.elementwise import slice_copy
 from .base import Layer, ShapeError, register
+from .split import SAMPLE_WISE
 
 
 @register
@@ -14,6 +15,7 @@ class Concat(Layer):
     type = "Concat"
     bottoms = (1, 64)
     backward_reads = frozenset()
+    split = SAMPLE_WISE
 
     def infer(self, bottom_shapes):
         first = bottom_shapes[0]

@@ -52,6 +52,7 @@ from ..kernels.elementwise import fill, slice_copy
 from ..kernels.gemm import gemm
 from ..kernels.im2col import col2im, conv_out_size, im2col
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
+from .split import ACCUMULATE, Pass, Phase, SplitRule, samples
 
 MiB = 2**20
 ENGINES = ("auto", "reference")
@@ -61,6 +62,14 @@ ENGINES = ("auto", "reference")
 class Convolution(Layer):
     type = "Convolution"
     backward_reads = frozenset({"bottom"})
+    # Split: forward and dx per sample; dweight and dbias are sums over the samples, per chunk and
+    # added up (regrouped). Forward is bitwise: every path computes a sample with GEMMs (or direct
+    # kernels) of the same shapes whatever the batch. dx is not promised: on cpu its GEMM spans
+    # the chunk's samples (BLAS picks kernels by shape) and the direct engine picks its path by
+    # the batch (``input_grad.sample_lanes_pay``).
+    split = SplitRule(samples("forward"), Phase(
+        ACCUMULATE, (Pass("backward"),), sums=("param_grad.weight", "param_grad.bias"),
+        regrouped=("bottom_grad", "param_grad.weight", "param_grad.bias")))
 
     def __init__(self, name, bottom, top, num_output=None, kernel_size=None, stride=1, pad=0,
                  dilation=1, bias: bool = True, groups: int = 1, weight_init: str = "he",

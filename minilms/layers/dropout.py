@@ -23,6 +23,7 @@ from ..kernels import on_cpu
 from ..kernels.elementwise import dropout_backward, dropout_forward, dropout_mask
 from .base import BufferSpec, Layer, ShapeError, register
 from .flatten import copy_flat
+from .split import SplitRule, samples
 
 
 def to_device(host: np.ndarray, dst, stream=None) -> None:
@@ -51,6 +52,9 @@ def _same_memory(a, b) -> bool:
 class Dropout(Layer):
     type = "Dropout"
     backward_reads = frozenset()
+    # Chunks draw their masks from the step's RNG in order: the numbers one draw for the whole
+    # batch gives (Generator.random is sequential), so a split step drops the same elements.
+    split = SplitRule(samples("forward"), samples("backward"), batch_saved=frozenset({"mask"}))
 
     def __init__(self, name, bottom, top, ratio=None, p=None):
         super().__init__(name, bottom, top)

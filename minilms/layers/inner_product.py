@@ -15,6 +15,7 @@ import numpy as np
 from ..kernels.elementwise import fill
 from ..kernels.gemm import gemm
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
+from .split import ACCUMULATE, SAMPLES, Pass, Phase, SplitRule
 
 ONES_ROWS = 1024  # the most rows one bias gemm covers: bounds the workspace, whatever the batch
 
@@ -23,6 +24,13 @@ ONES_ROWS = 1024  # the most rows one bias gemm covers: bounds the workspace, wh
 class InnerProduct(Layer):
     type = "InnerProduct"
     backward_reads = frozenset({"bottom"})
+    # Split: forward and dx per sample, dweight and dbias sums over the samples (per chunk, added
+    # up). Nothing is promised bitwise on cpu: each is one BLAS call over the chunk's rows, and
+    # BLAS picks its kernel by the shape (a one-row chunk goes to gemv, which orders a row's dot
+    # product differently). The cuda GEMM computes a row the same way whatever the rows.
+    split = SplitRule(Phase(SAMPLES, (Pass("forward"),), regrouped=("top",)), Phase(
+        ACCUMULATE, (Pass("backward"),), sums=("param_grad.weight", "param_grad.bias"),
+        regrouped=("bottom_grad", "param_grad.weight", "param_grad.bias")))
 
     def __init__(self, name, bottom, top, num_output=None, bias: bool = True,
                  weight_init: str = "he"):

@@ -35,6 +35,7 @@ from ..kernels.pooling import (
     pool_output_size,
 )
 from .base import BufferSpec, Layer, ShapeError, register
+from .split import SplitRule, samples
 
 _KINDS = {"max": "max", "ave": "ave", "avg": "ave"}
 
@@ -43,6 +44,8 @@ _KINDS = {"max": "max", "ave": "ave", "avg": "ave"}
 class Pooling(Layer):
     type = "Pooling"
     backward_reads = frozenset()
+    # every window lies in one sample's planes (a global one too); the argmax is per sample
+    split = SplitRule(samples("forward"), samples("backward"), batch_saved=frozenset({"argmax"}))
 
     def __init__(self, name, bottom, top, pool: str = "max", kernel_size=None, stride=None,
                  pad=0, ceil_mode: bool = False, count_include_pad: bool = True,

@@ -1,12 +1,14 @@
 """``LayerRun``: one layer on a device with every blob it declares resident in the pool.
 
 For tests, notebooks and the gradient checker; the net's executor does the same with a plan.
-Values go in and come out as host numpy arrays.
+Values go in and come out as host numpy arrays. ``SplitRun`` is the same with each step split
+along the batch (``minilms.layers.split``).
 """
 import numpy as np
 
 from ..blob import Blob
 from .base import Layer, StepIO
+from .split import run_split, split_buffers
 
 
 class LayerRun:
@@ -14,7 +16,7 @@ class LayerRun:
                  bottom_dtypes=None, device_kind: str | None = None):
         """``device_kind``: set the layer up for that device (``Layer.setup``); None, the
         default, sizes it for either."""
-        self.device, self.layer, self.seed = device, layer, seed
+        self.device, self.layer, self.seed, self.dtype = device, layer, seed, np.dtype(dtype)
         top_shapes = layer.setup(bottom_shapes, device_kind)
         bottom_dtypes = bottom_dtypes or [dtype] * len(bottom_shapes)
         name = layer.name
@@ -57,7 +59,7 @@ class LayerRun:
                     work={k: b.mutable_device_data(overwrite=True) for k, b in self.work.items()},
                     train=train, rng=np.random.default_rng(self.seed),
                     stream=self.device.compute_stream if self.device.kind == "cuda" else None)
-        self.layer.forward(io)
+        self._forward(io)
         self.device.synchronize()
         return [t.host_data().copy() for t in self.top]
 
@@ -81,8 +83,43 @@ class LayerRun:
                     param_grad={k: g.mutable_device_data(overwrite=True)
                                 for k, g in self.param_grad.items()},
                     stream=self.device.compute_stream if self.device.kind == "cuda" else None)
-        self.layer.backward(io)
+        self._backward(io)
         self.device.synchronize()
         bottom = [g.host_data().copy() if down else None
                   for g, down in zip(self.bottom_grad, propagate_down)]
         return bottom, {k: g.host_data().copy() for k, g in self.param_grad.items()}
+
+    def _forward(self, io: StepIO) -> None:
+        self.layer.forward(io)
+
+    def _backward(self, io: StepIO) -> None:
+        self.layer.backward(io)
+
+
+class SplitRun(LayerRun):
+    """``LayerRun`` whose forward and backward run as sub-steps over consecutive sample ranges
+    (``run_split``): ``chunks`` is a count or a list of sizes, and may be changed between steps.
+    The split temporaries of each phase (``split_buffers``) are blobs of their own, made on first
+    use."""
+
+    def __init__(self, device, layer: Layer, bottom_shapes, dtype=np.float32, seed: int = 0,
+                 bottom_dtypes=None, chunks=2):
+        super().__init__(device, layer, bottom_shapes, dtype, seed, bottom_dtypes)
+        self.chunks = chunks
+        self.temps: dict[str, dict] = {}
+
+    def _temps(self, phase: str) -> dict:
+        if phase not in self.temps:
+            self.temps[phase] = {
+                spec.name: Blob(self.device, f"{self.layer.name}.split.{phase}.{spec.name}",
+                                spec.shape, spec.dtype_in(self.dtype), "workspace")
+                for spec in split_buffers(self.layer, phase)}
+        return {name: blob.mutable_device_data(overwrite=True)
+                for name, blob in self.temps[phase].items()}
+
+    def _forward(self, io: StepIO) -> None:
+        phase = "forward" if io.train else "inference"
+        run_split(self.layer, io, self.chunks, phase, self._temps(phase))
+
+    def _backward(self, io: StepIO) -> None:
+        run_split(self.layer, io, self.chunks, "backward", self._temps("backward"))

@@ -29,8 +29,9 @@ from ..kernels import on_cpu
 from ..kernels.common import grid_1d, launch, view
 from ..kernels.elementwise import fill, scale
 from ..kernels.registry import cuda_kernel
-from ..kernels.softmax import softmax_xent_backward, softmax_xent_forward
+from ..kernels.softmax import batch_mean, softmax_xent_backward, softmax_xent_forward
 from .base import BufferSpec, Layer, ShapeError, register
+from .split import ACCUMULATE, ONCE, Pass, Phase, SplitRule, samples
 
 
 @cuda_kernel("void(float32[::1], float32[::1])", "void(float64[::1], float64[::1])")
@@ -54,6 +55,12 @@ class SoftmaxWithLoss(Layer):
     bottoms = (2, 2)
     backward_reads = frozenset()
     is_loss = True
+    # Split: probabilities and losses per sample, then their mean read whole (4 bytes a sample):
+    # the unsplit step's arithmetic. Backward per sample, scaled by the whole batch's N.
+    split = SplitRule(Phase(ACCUMULATE, (Pass("per_sample"), Pass("mean_loss", ONCE)),
+                            whole=("saved.loss",)),
+                      samples("backward"), batch_saved=frozenset({"prob", "loss", "label"}),
+                      batch_tops=False)
 
     def __init__(self, name, bottom, top, loss_weight: float = 1.0):
         super().__init__(name, bottom, top)
@@ -72,6 +79,11 @@ class SoftmaxWithLoss(Layer):
                 BufferSpec("label", (n,), np.dtype(np.int32))]
 
     def forward(self, io):
+        self.per_sample(io)
+        self.mean_loss(io)
+
+    def per_sample(self, io):
+        """``prob``, the per-sample ``loss`` and the label copy, for the samples ``io`` holds."""
         logits, labels = io.bottom
         if labels.dtype != np.int32:
             raise ShapeError(self, f"bottom 1 ({self.bottom[1]})", "int32 labels", labels.dtype)
@@ -79,11 +91,15 @@ class SoftmaxWithLoss(Layer):
         if prob.dtype != logits.dtype:
             raise ShapeError(self, "dtype of prob", f"the logits' {logits.dtype}", prob.dtype)
         n, k = prob.shape
+        softmax_xent_forward(view(logits, n, k), labels, prob, loss, stream=io.stream)
+        copy_device(labels, io.saved["label"], io.stream)
+
+    def mean_loss(self, io):
+        """``top = loss_weight * mean(loss)`` over the whole batch's per-sample losses."""
         top = io.top[0]
-        softmax_xent_forward(view(logits, n, k), labels, prob, loss, top, io.stream)
+        batch_mean(io.saved["loss"], top, io.stream)
         if self.loss_weight != 1.0:
             scale(top, self.loss_weight, top, io.stream)
-        copy_device(labels, io.saved["label"], io.stream)
 
     def backward(self, io):
         if len(io.bottom_grad) > 1 and io.bottom_grad[1] is not None:
@@ -93,9 +109,10 @@ class SoftmaxWithLoss(Layer):
             return
         prob, labels, g = io.saved["prob"], io.saved["label"], io.top_grad[0]
         dz = view(dlogits, *prob.shape)
+        batch = self.bottom_shapes[0][0]   # the whole batch's N, also for a chunk of it
         if on_cpu(prob):   # the upstream scale is at hand: fold it into one pass
-            softmax_xent_backward(prob, labels, dz, self.loss_weight * float(g[0]))
+            softmax_xent_backward(prob, labels, dz, self.loss_weight * float(g[0]), batch=batch)
         else:
-            softmax_xent_backward(prob, labels, dz, self.loss_weight, io.stream)
+            softmax_xent_backward(prob, labels, dz, self.loss_weight, io.stream, batch)
             flat = view(dlogits, dlogits.size)
             launch(scale_by_first_cuda, *grid_1d(flat.size), io.stream)(flat, view(g, 1))
