@@ -34,6 +34,8 @@ from ..kernels.batchnorm import (
     batchnorm_backward,
     batchnorm_forward_inference,
     batchnorm_forward_train,
+)
+from ..kernels.batchnorm_split import (
     batchnorm_normalize,
     batchnorm_split_grad_sums,
     batchnorm_split_input_grad,
@@ -114,7 +116,7 @@ class BatchNorm(Layer):
     backward_reads = frozenset({"bottom"})
     # Split: the statistics over every chunk first, then normalisation per chunk; backward the
     # same with its two sums. The sums are carried from chunk to chunk in the whole-batch
-    # kernels' order (kernels.batchnorm), so a split step is bitwise the unsplit one.
+    # kernels' order (kernels.batchnorm_split), so a split step is bitwise the unsplit one.
     split = SplitRule(
         Phase(STATISTICS, (Pass("sum_x"), Pass("finish_mean", ONCE), Pass("sum_squares"),
                            Pass("finish_invstd", ONCE), Pass("normalize"))),
