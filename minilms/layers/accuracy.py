@@ -20,6 +20,7 @@ from ..kernels.common import launch, view
 from ..kernels.registry import cuda_kernel
 from ..kernels.softmax import accuracy
 from .base import BufferSpec, Layer, ShapeError, register
+from .recompute import Recompute
 
 
 @cuda_kernel("void(int32[::1], int64, float32[::1])", "void(int32[::1], int64, float64[::1])",
@@ -36,6 +37,7 @@ class Accuracy(Layer):
     bottoms = (2, 2)
     backward_reads = frozenset()
     has_backward = False
+    recompute = Recompute.never("a metric with no backward: only the host reads its top")
 
     def __init__(self, name, bottom, top, top_k: int = 1):
         super().__init__(name, bottom, top)

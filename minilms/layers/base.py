@@ -8,6 +8,8 @@ net's executor, or ``LayerRun`` in tests and notebooks) places those blobs in th
     saved()       buffers forward writes and backward reads (max-pool argmax, dropout mask, ...)
     workspace()   scratch for one step (im2col columns, ...); bounded, never batch-proportional
     backward_reads  which forward blobs backward needs ("bottom", "top"): what LMS must keep
+    recompute     whether forward can run again to rebuild the tops bit for bit, and what that
+                  re-run reads and leaves alone (``minilms.layers.recompute``)
 
 ``forward(io)`` and ``backward(io)`` receive a ``StepIO``: device arrays for every declared blob.
 Backward *overwrites* the bottom and parameter gradients; the net sums gradients where a blob feeds
@@ -19,6 +21,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import ShapeError
+from .recompute import NOT_DECLARED, Recompute
 
 LAYERS: dict[str, type["Layer"]] = {}
 FILL_CHUNK = 8192   # float64 draws at a time in ParamSpec.fill: 64 KiB, under malloc's mmap bar
@@ -108,6 +111,9 @@ class StepIO:
     train: bool = True
     rng: np.random.Generator | None = None   # host RNG: both devices draw the same numbers
     stream: object = None                     # the compute stream kernels launch on
+    # A forward run again to rebuild its tops (``recompute.rerun_forward``): saved statistics and
+    # masks are read, not made; running statistics and the RNG are left alone.
+    recompute: bool = False
 
 
 class Layer:
@@ -117,6 +123,8 @@ class Layer:
     backward_reads: ClassVar[frozenset] = frozenset({"bottom"})
     has_backward: ClassVar[bool] = True
     is_loss: ClassVar[bool] = False
+    # Every layer type states its own (tests/layers/test_recompute.py checks): the default refuses.
+    recompute: ClassVar[Recompute] = NOT_DECLARED
 
     def __init__(self, name: str, bottom: list[str], top: list[str]):
         self.name, self.bottom, self.top = name, list(bottom), list(top)

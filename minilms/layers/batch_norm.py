@@ -13,8 +13,11 @@ Training forward (``io.train``), per channel over its ``M = N*H*W`` values::
     running_mean = (1 - momentum) * running_mean + momentum * mean
     running_var  = (1 - momentum) * running_var  + momentum * var * M / (M - 1)
 
-``mean`` and ``invstd`` (``[C]``) are saved for backward. Test forward: ``y = (x - running_mean) /
-sqrt(running_var + eps) * gamma + beta``, nothing saved or updated. Backward (training mode only),
+``mean`` and ``invstd`` (``[C]``) are saved for backward. A recompute (``io.recompute``, issue 21)
+in training applies those saved statistics (``kernels.batchnorm.batchnorm_forward_saved``): the
+same ``y`` bit for bit, and the running statistics are not updated a second time. Test forward:
+``y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta``, nothing saved or updated
+(a recompute in test mode is the same). Backward (training mode only),
 with ``xhat = (x - mean) * invstd``::
 
     dbeta = sum(dy),   dgamma = sum(dy * xhat),
@@ -32,12 +35,14 @@ from numba import cuda, njit, prange
 from ..kernels.batchnorm import (
     batchnorm_backward,
     batchnorm_forward_inference,
+    batchnorm_forward_saved,
     batchnorm_forward_train,
 )
 from ..kernels.common import block_sum, launch, view
 from ..kernels.elementwise import fill
 from ..kernels.registry import cuda_kernel, on_cpu
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
+from .recompute import Recompute
 
 THREADS = 256   # one block per channel, as in kernels.batchnorm
 
@@ -102,6 +107,10 @@ def batchnorm_param_grads(x, dy, mean, invstd, dgamma, dbeta, stream=None) -> No
 class BatchNorm(Layer):
     type = "BatchNorm"
     backward_reads = frozenset({"bottom"})
+    recompute = Recompute.rerun(
+        "training: normalises with the saved batch statistics, as the first forward did; test "
+        "mode: the running statistics, read only", saved_reads={"mean", "invstd"},
+        untouched=("running_mean", "running_var"))
 
     def __init__(self, name, bottom, top, momentum: float = 0.1, eps: float = 1e-5,
                  affine: bool = True):
@@ -158,7 +167,10 @@ class BatchNorm(Layer):
             fill(gamma, 1.0, io.stream)
             fill(beta, 0.0, io.stream)
         rm, rv = io.params["running_mean"], io.params["running_var"]
-        if io.train:
+        if io.train and io.recompute:
+            batchnorm_forward_saved(x, gamma, beta, io.saved["mean"], io.saved["invstd"], y,
+                                    io.stream)
+        elif io.train:
             if x.size // self.channels < 2:
                 raise ShapeError(self, f"bottom 0 ({self.bottom[0]})",
                                  "more than one value per channel in training", tuple(x.shape))

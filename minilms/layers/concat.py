@@ -7,6 +7,7 @@ Neither reads a forward blob. The copy kernel
 """
 from ..kernels.elementwise import slice_copy
 from .base import Layer, ShapeError, register
+from .recompute import DETERMINISTIC, Recompute
 
 
 @register
@@ -14,6 +15,7 @@ class Concat(Layer):
     type = "Concat"
     bottoms = (1, 64)
     backward_reads = frozenset()
+    recompute = Recompute.rerun(DETERMINISTIC)
 
     def infer(self, bottom_shapes):
         first = bottom_shapes[0]

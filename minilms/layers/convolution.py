@@ -46,6 +46,7 @@ from ..kernels.elementwise import fill, slice_copy
 from ..kernels.gemm import gemm
 from ..kernels.im2col import col2im, conv_out_size, im2col
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
+from .recompute import Recompute
 
 MiB = 2**20
 ENGINES = ("auto", "reference")
@@ -55,6 +56,8 @@ ENGINES = ("auto", "reference")
 class Convolution(Layer):
     type = "Convolution"
     backward_reads = frozenset({"bottom"})
+    recompute = Recompute.rerun("im2col + GEMM or the direct engine: for the same shapes the "
+                                "same calls in the same summation order, run again")
 
     def __init__(self, name, bottom, top, num_output=None, kernel_size=None, stride=1, pad=0,
                  dilation=1, bias: bool = True, groups: int = 1, weight_init: str = "he",

@@ -9,6 +9,7 @@ import math
 
 from ..kernels.elementwise import eltwise_sum, scale
 from .base import Layer, ShapeError, register
+from .recompute import DETERMINISTIC, Recompute
 
 
 @register
@@ -16,6 +17,7 @@ class Eltwise(Layer):
     type = "Eltwise"
     bottoms = (2, 64)
     backward_reads = frozenset()
+    recompute = Recompute.rerun(DETERMINISTIC)
 
     def __init__(self, name, bottom, top, operation: str = "sum", coeffs=None):
         super().__init__(name, bottom, top)

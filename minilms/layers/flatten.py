@@ -6,6 +6,7 @@ import numpy as np
 
 from ..kernels import on_cpu
 from .base import Layer, register
+from .recompute import DETERMINISTIC, Recompute
 
 
 def copy_flat(src, dst, stream=None) -> None:
@@ -22,6 +23,7 @@ def copy_flat(src, dst, stream=None) -> None:
 class Flatten(Layer):
     type = "Flatten"
     backward_reads = frozenset()
+    recompute = Recompute.rerun(DETERMINISTIC)
 
     def infer(self, bottom_shapes):
         shape = bottom_shapes[0]

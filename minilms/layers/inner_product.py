@@ -15,6 +15,7 @@ import numpy as np
 from ..kernels.elementwise import fill
 from ..kernels.gemm import gemm
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
+from .recompute import Recompute
 
 ONES_ROWS = 1024  # the most rows one bias gemm covers: bounds the workspace, whatever the batch
 
@@ -23,6 +24,8 @@ ONES_ROWS = 1024  # the most rows one bias gemm covers: bounds the workspace, wh
 class InnerProduct(Layer):
     type = "InnerProduct"
     backward_reads = frozenset({"bottom"})
+    recompute = Recompute.rerun("GEMMs (BLAS on cpu, the tiled kernel on cuda) in a fixed "
+                                "order: run again")
 
     def __init__(self, name, bottom, top, num_output=None, bias: bool = True,
                  weight_init: str = "he"):

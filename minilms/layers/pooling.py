@@ -35,6 +35,7 @@ from ..kernels.pooling import (
     pool_output_size,
 )
 from .base import BufferSpec, Layer, ShapeError, register
+from .recompute import DETERMINISTIC, Recompute
 
 _KINDS = {"max": "max", "ave": "ave", "avg": "ave"}
 
@@ -43,6 +44,8 @@ _KINDS = {"max": "max", "ave": "ave", "avg": "ave"}
 class Pooling(Layer):
     type = "Pooling"
     backward_reads = frozenset()
+    # max pooling writes its argmax again: the same indices (ties go to the first maximum)
+    recompute = Recompute.rerun(DETERMINISTIC, saved_rewrites={"argmax"})
 
     def __init__(self, name, bottom, top, pool: str = "max", kernel_size=None, stride=None,
                  pad=0, ceil_mode: bool = False, count_include_pad: bool = True,

@@ -5,12 +5,14 @@ its bottom) needs nothing else kept: the planner drops the input.
 """
 from ..kernels.elementwise import relu_backward, relu_forward
 from .base import Layer, register
+from .recompute import DETERMINISTIC, Recompute
 
 
 @register
 class ReLU(Layer):
     type = "ReLU"
     backward_reads = frozenset({"top"})
+    recompute = Recompute.rerun(DETERMINISTIC)
 
     def infer(self, bottom_shapes):
         return [bottom_shapes[0]]

@@ -31,6 +31,7 @@ from ..kernels.elementwise import fill, scale
 from ..kernels.registry import cuda_kernel
 from ..kernels.softmax import softmax_xent_backward, softmax_xent_forward
 from .base import BufferSpec, Layer, ShapeError, register
+from .recompute import Recompute
 
 
 @cuda_kernel("void(float32[::1], float32[::1])", "void(float64[::1], float64[::1])")
@@ -54,6 +55,9 @@ class SoftmaxWithLoss(Layer):
     bottoms = (2, 2)
     backward_reads = frozenset()
     is_loss = True
+    recompute = Recompute.never(
+        "a loss: its top is the objective the host reads, and its forward writes the saved "
+        "prob, loss and labels its backward reads: nothing is gained by rebuilding it")
 
     def __init__(self, name, bottom, top, loss_weight: float = 1.0):
         super().__init__(name, bottom, top)
