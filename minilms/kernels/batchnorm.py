@@ -16,6 +16,14 @@ Shapes: ``x``, ``y``, ``dy``, ``dx`` ``[N, C, H, W]`` or ``[N, C]``; every per-c
 
     y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta
 
+A recompute (issue 21) applies the *saved* statistics, and updates nothing::
+
+    y = (x - mean) * (invstd * gamma) + beta          (bit for bit the training forward's y)
+
+with the training kernels' own expression and rounding: ``g = gamma * invstd`` rounded in the data's
+dtype, then ``(x - mean) * g + beta``, under the same fastmath flags on the CPU (so LLVM contracts
+it into the same FMA, or not) and as the same expression on CUDA.
+
 Backward (training mode), with ``xhat = (x - mean) * invstd``::
 
     dbeta  = sum(dy)            dgamma = sum(dy * xhat)          (overwritten, not accumulated)
@@ -35,8 +43,8 @@ from numba import cuda, njit, prange
 from .common import block_sum, grid_1d, launch, view
 from .registry import cuda_kernel, on_cpu
 
-__all__ = ["batchnorm_forward_train", "batchnorm_forward_inference", "batchnorm_backward",
-           "THREADS", "SUMS", "signatures", "nchw", "channel_views"]
+__all__ = ["batchnorm_forward_train", "batchnorm_forward_saved", "batchnorm_forward_inference",
+           "batchnorm_backward", "THREADS", "SUMS", "signatures", "nchw", "channel_views"]
 
 THREADS = 256   # one block per channel
 # The CPU sums run in float64 with reassociation allowed, so LLVM splits them over vector lanes
@@ -144,6 +152,40 @@ def batchnorm_forward_train(x, gamma, beta, y, mean, invstd, running_mean, runni
         forward_train_cpu(*args)
     else:
         launch(forward_train_cuda, min(c, 65535), THREADS, stream)(*args)
+
+
+@cuda_kernel(*signatures("void(X, V, V, V, V, X)"))
+def forward_saved_cuda(x, gamma, beta, mean, invstd, y):
+    _, c_, hw = x.shape
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        c = (i // hw) % c_
+        n, j = i // (hw * c_), i % hw
+        g = gamma[c] * invstd[c]        # as forward_train_cuda: g, then (x - mu) * g + b
+        y[n, c, j] = (x[n, c, j] - mean[c]) * g + beta[c]
+
+
+@njit(parallel=True, cache=True, nogil=True, fastmath=SUMS)
+def forward_saved_cpu(x, gamma, beta, mean, invstd, y):
+    n_, c_, hw = x.shape
+    for c in prange(c_):
+        mu = mean[c]
+        g = gamma[c] * invstd[c]        # as forward_train_cpu's last loop, with its flags
+        for n in range(n_):
+            x_row, y_row = x[n, c], y[n, c]
+            for j in range(hw):
+                y_row[j] = (x_row[j] - mu) * g + beta[c]
+
+
+def batchnorm_forward_saved(x, gamma, beta, mean, invstd, y, stream=None):
+    """Normalise with the statistics a training forward saved (``mean``, ``invstd``): its ``y``
+    again, bit for bit, for a recompute. Nothing else is read or written. ``y`` may be ``x``."""
+    c = x.shape[1]
+    x3, y3 = nchw(x), nchw(y)
+    args = (x3, *channel_views(c, gamma, beta, mean, invstd), y3)
+    if on_cpu(x):
+        forward_saved_cpu(*args)
+    else:
+        launch(forward_saved_cuda, *grid_1d(x3.size), stream)(*args)
 
 
 @cuda_kernel(*signatures("void(X, V, V, V, V, X, S)"))

@@ -21,6 +21,7 @@ from ..kernels.registry import cuda_kernel
 from ..kernels.softmax import accuracy
 from .base import BufferSpec, Layer, ShapeError, register
 from .split import ACCUMULATE, ONCE, Pass, Phase, SplitRule
+from .recompute import Recompute
 
 
 @cuda_kernel("void(int32[::1], int64, float32[::1])", "void(int32[::1], int64, float64[::1])",
@@ -40,6 +41,7 @@ class Accuracy(Layer):
     # Split: hits counted per chunk and added up (integers: exact), then the rate once.
     split = SplitRule(Phase(ACCUMULATE, (Pass("count"), Pass("rate", ONCE)),
                             sums=("work.count",)), batch_tops=False)
+    recompute = Recompute.never("a metric with no backward: only the host reads its top")
 
     def __init__(self, name, bottom, top, top_k: int = 1):
         super().__init__(name, bottom, top)

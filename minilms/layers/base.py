@@ -9,6 +9,8 @@ net's executor, or ``LayerRun`` in tests and notebooks) places those blobs in th
     workspace()   scratch for one step (im2col columns, ...); bounded, never batch-proportional
     backward_reads  which forward blobs backward needs ("bottom", "top"): what LMS must keep
     split         how a step splits along the batch (``minilms.layers.split``); None: never
+    recompute     whether forward can run again to rebuild the tops bit for bit, and what that
+                  re-run reads and leaves alone (``minilms.layers.recompute``)
 
 ``forward(io)`` and ``backward(io)`` receive a ``StepIO``: device arrays for every declared blob.
 Backward *overwrites* the bottom and parameter gradients; the net sums gradients where a blob feeds
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from ..errors import ShapeError
+from .recompute import NOT_DECLARED, Recompute
 
 if TYPE_CHECKING:
     from .split import SplitRule
@@ -113,6 +116,9 @@ class StepIO:
     rng: np.random.Generator | None = None   # host RNG: both devices draw the same numbers
     stream: object = None                     # the compute stream kernels launch on
     chunk: tuple[int, int] | None = None      # a split step's samples (n0, n1); None: the batch
+    # A forward run again to rebuild its tops (``recompute.rerun_forward``): saved statistics and
+    # masks are read, not made; running statistics and the RNG are left alone.
+    recompute: bool = False
 
 
 class Layer:
@@ -124,6 +130,8 @@ class Layer:
     is_loss: ClassVar[bool] = False
     split: ClassVar["SplitRule | None"] = None     # None: a step of this layer is never split
     device_kind: str | None = None    # set by setup: the device the layer is sized for
+    # Every layer type states its own (tests/layers/test_recompute.py checks): the default refuses.
+    recompute: ClassVar[Recompute] = NOT_DECLARED
 
     def __init__(self, name: str, bottom: list[str], top: list[str]):
         self.name, self.bottom, self.top = name, list(bottom), list(top)

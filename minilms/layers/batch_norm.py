@@ -13,8 +13,11 @@ Training forward (``io.train``), per channel over its ``M = N*H*W`` values::
     running_mean = (1 - momentum) * running_mean + momentum * mean
     running_var  = (1 - momentum) * running_var  + momentum * var * M / (M - 1)
 
-``mean`` and ``invstd`` (``[C]``) are saved for backward. Test forward: ``y = (x - running_mean) /
-sqrt(running_var + eps) * gamma + beta``, nothing saved or updated. Backward (training mode only),
+``mean`` and ``invstd`` (``[C]``) are saved for backward. A recompute (``io.recompute``, issue 21)
+in training applies those saved statistics (``kernels.batchnorm.batchnorm_forward_saved``): the
+same ``y`` bit for bit, and the running statistics are not updated a second time. Test forward:
+``y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta``, nothing saved or updated
+(a recompute in test mode is the same). Backward (training mode only),
 with ``xhat = (x - mean) * invstd``::
 
     dbeta = sum(dy),   dgamma = sum(dy * xhat),
@@ -33,6 +36,7 @@ from numba import cuda, njit, prange
 from ..kernels.batchnorm import (
     batchnorm_backward,
     batchnorm_forward_inference,
+    batchnorm_forward_saved,
     batchnorm_forward_train,
 )
 from ..kernels.batchnorm_split import (
@@ -50,6 +54,7 @@ from ..kernels.elementwise import fill
 from ..kernels.registry import cuda_kernel, on_cpu
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
 from .split import ONCE, STATISTICS, Pass, Phase, SplitRule, samples
+from .recompute import Recompute
 
 THREADS = 256   # one block per channel, as in kernels.batchnorm
 
@@ -122,6 +127,10 @@ class BatchNorm(Layer):
                            Pass("finish_invstd", ONCE), Pass("normalize"))),
         Phase(STATISTICS, (Pass("sum_grads"), Pass("finish_grads", ONCE), Pass("input_grad"))),
         inference=samples("forward"))
+    recompute = Recompute.rerun(
+        "training: normalises with the saved batch statistics, as the first forward did; test "
+        "mode: the running statistics, read only", saved_reads={"mean", "invstd"},
+        untouched=("running_mean", "running_var"))
 
     def __init__(self, name, bottom, top, momentum: float = 0.1, eps: float = 1e-5,
                  affine: bool = True):
@@ -188,7 +197,10 @@ class BatchNorm(Layer):
         self._check_dtype(x, {**io.saved, **io.work})
         gamma, beta = self._gamma_beta(io)
         rm, rv = io.params["running_mean"], io.params["running_var"]
-        if io.train:
+        if io.train and io.recompute:
+            batchnorm_forward_saved(x, gamma, beta, io.saved["mean"], io.saved["invstd"], y,
+                                    io.stream)
+        elif io.train:
             if x.size // self.channels < 2:
                 raise ShapeError(self, f"bottom 0 ({self.bottom[0]})",
                                  "more than one value per channel in training", tuple(x.shape))

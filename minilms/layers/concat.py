@@ -8,6 +8,7 @@ Neither reads a forward blob. The copy kernel
 from ..kernels.elementwise import slice_copy
 from .base import Layer, ShapeError, register
 from .split import SAMPLE_WISE
+from .recompute import DETERMINISTIC, Recompute
 
 
 @register
@@ -16,6 +17,7 @@ class Concat(Layer):
     bottoms = (1, 64)
     backward_reads = frozenset()
     split = SAMPLE_WISE
+    recompute = Recompute.rerun(DETERMINISTIC)
 
     def infer(self, bottom_shapes):
         first = bottom_shapes[0]

@@ -53,6 +53,7 @@ from ..kernels.gemm import gemm
 from ..kernels.im2col import col2im, conv_out_size, im2col
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
 from .split import ACCUMULATE, Pass, Phase, SplitRule, samples
+from .recompute import Recompute
 
 MiB = 2**20
 ENGINES = ("auto", "reference")
@@ -70,6 +71,8 @@ class Convolution(Layer):
     split = SplitRule(samples("forward"), Phase(
         ACCUMULATE, (Pass("backward"),), sums=("param_grad.weight", "param_grad.bias"),
         regrouped=("bottom_grad", "param_grad.weight", "param_grad.bias")))
+    recompute = Recompute.rerun("im2col + GEMM or the direct engine: for the same shapes the "
+                                "same calls in the same summation order, run again")
 
     def __init__(self, name, bottom, top, num_output=None, kernel_size=None, stride=1, pad=0,
                  dilation=1, bias: bool = True, groups: int = 1, weight_init: str = "he",

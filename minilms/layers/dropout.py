@@ -12,6 +12,9 @@ The mask comes from the step's host RNG (``kernels.elementwise.dropout_mask``), 
 
     dbottom = dtop * mask / (1 - p)
 
+A recompute (``io.recompute``, issue 21) reuses the saved mask and draws nothing from ``io.rng``:
+the same top bit for bit, and every later draw of the step's RNG stream is the one it was.
+
 Test forward (``io.train`` False) is the identity: a copy, no mask drawn. Backward reads no forward
 blob, only the saved mask (a quarter of a float32 activation).
 """
@@ -24,6 +27,7 @@ from ..kernels.elementwise import dropout_backward, dropout_forward, dropout_mas
 from .base import BufferSpec, Layer, ShapeError, register
 from .flatten import copy_flat
 from .split import SplitRule, samples
+from .recompute import Recompute
 
 
 def to_device(host: np.ndarray, dst, stream=None) -> None:
@@ -55,6 +59,8 @@ class Dropout(Layer):
     # Chunks draw their masks from the step's RNG in order: the numbers one draw for the whole
     # batch gives (Generator.random is sequential), so a split step drops the same elements.
     split = SplitRule(samples("forward"), samples("backward"), batch_saved=frozenset({"mask"}))
+    recompute = Recompute.rerun("training: the saved mask again, no RNG draw; test mode: a copy",
+                                saved_reads={"mask"}, untouched=("rng",))
 
     def __init__(self, name, bottom, top, ratio=None, p=None):
         super().__init__(name, bottom, top)
@@ -81,6 +87,9 @@ class Dropout(Layer):
         if not io.train:
             if not _same_memory(x, y):
                 copy_flat(x, y, io.stream)
+            return
+        if io.recompute:
+            dropout_forward(x, io.saved["mask"], self.ratio, y, io.stream)
             return
         if io.rng is None:
             raise ShapeError(self, "forward", "a host RNG in training (StepIO.rng)", None)

@@ -10,6 +10,7 @@ import math
 from ..kernels.elementwise import eltwise_sum, scale
 from .base import Layer, ShapeError, register
 from .split import SAMPLE_WISE
+from .recompute import DETERMINISTIC, Recompute
 
 
 @register
@@ -18,6 +19,7 @@ class Eltwise(Layer):
     bottoms = (2, 64)
     backward_reads = frozenset()
     split = SAMPLE_WISE
+    recompute = Recompute.rerun(DETERMINISTIC)
 
     def __init__(self, name, bottom, top, operation: str = "sum", coeffs=None):
         super().__init__(name, bottom, top)

@@ -7,6 +7,7 @@ import numpy as np
 from ..kernels import on_cpu
 from .base import Layer, register
 from .split import SAMPLE_WISE
+from .recompute import DETERMINISTIC, Recompute
 
 
 def copy_flat(src, dst, stream=None) -> None:
@@ -24,6 +25,7 @@ class Flatten(Layer):
     type = "Flatten"
     backward_reads = frozenset()
     split = SAMPLE_WISE
+    recompute = Recompute.rerun(DETERMINISTIC)
 
     def infer(self, bottom_shapes):
         shape = bottom_shapes[0]

@@ -16,6 +16,7 @@ from ..kernels.elementwise import fill
 from ..kernels.gemm import gemm
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
 from .split import ACCUMULATE, SAMPLES, Pass, Phase, SplitRule
+from .recompute import Recompute
 
 ONES_ROWS = 1024  # the most rows one bias gemm covers: bounds the workspace, whatever the batch
 
@@ -31,6 +32,8 @@ class InnerProduct(Layer):
     split = SplitRule(Phase(SAMPLES, (Pass("forward"),), regrouped=("top",)), Phase(
         ACCUMULATE, (Pass("backward"),), sums=("param_grad.weight", "param_grad.bias"),
         regrouped=("bottom_grad", "param_grad.weight", "param_grad.bias")))
+    recompute = Recompute.rerun("GEMMs (BLAS on cpu, the tiled kernel on cuda) in a fixed "
+                                "order: run again")
 
     def __init__(self, name, bottom, top, num_output=None, bias: bool = True,
                  weight_init: str = "he"):

@@ -36,6 +36,7 @@ from ..kernels.pooling import (
 )
 from .base import BufferSpec, Layer, ShapeError, register
 from .split import SplitRule, samples
+from .recompute import DETERMINISTIC, Recompute
 
 _KINDS = {"max": "max", "ave": "ave", "avg": "ave"}
 
@@ -46,6 +47,8 @@ class Pooling(Layer):
     backward_reads = frozenset()
     # every window lies in one sample's planes (a global one too); the argmax is per sample
     split = SplitRule(samples("forward"), samples("backward"), batch_saved=frozenset({"argmax"}))
+    # max pooling writes its argmax again: the same indices (ties go to the first maximum)
+    recompute = Recompute.rerun(DETERMINISTIC, saved_rewrites={"argmax"})
 
     def __init__(self, name, bottom, top, pool: str = "max", kernel_size=None, stride=None,
                  pad=0, ceil_mode: bool = False, count_include_pad: bool = True,

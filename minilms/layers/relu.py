@@ -6,6 +6,7 @@ its bottom) needs nothing else kept: the planner drops the input.
 from ..kernels.elementwise import relu_backward, relu_forward
 from .base import Layer, register
 from .split import SAMPLE_WISE
+from .recompute import DETERMINISTIC, Recompute
 
 
 @register
@@ -13,6 +14,7 @@ class ReLU(Layer):
     type = "ReLU"
     backward_reads = frozenset({"top"})
     split = SAMPLE_WISE
+    recompute = Recompute.rerun(DETERMINISTIC)
 
     def infer(self, bottom_shapes):
         return [bottom_shapes[0]]

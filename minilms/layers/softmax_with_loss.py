@@ -32,6 +32,7 @@ from ..kernels.registry import cuda_kernel
 from ..kernels.softmax import batch_mean, softmax_xent_backward, softmax_xent_forward
 from .base import BufferSpec, Layer, ShapeError, register
 from .split import ACCUMULATE, ONCE, Pass, Phase, SplitRule, samples
+from .recompute import Recompute
 
 
 @cuda_kernel("void(float32[::1], float32[::1])", "void(float64[::1], float64[::1])")
@@ -61,6 +62,9 @@ class SoftmaxWithLoss(Layer):
                             whole=("saved.loss",)),
                       samples("backward"), batch_saved=frozenset({"prob", "loss", "label"}),
                       batch_tops=False)
+    recompute = Recompute.never(
+        "a loss: its top is the objective the host reads, and its forward writes the saved "
+        "prob, loss and labels its backward reads: nothing is gained by rebuilding it")
 
     def __init__(self, name, bottom, top, loss_weight: float = 1.0):
         super().__init__(name, bottom, top)

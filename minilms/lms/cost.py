@@ -17,6 +17,11 @@ the whole pool or none, and LMS off where it fits, it takes the plan with the le
 time; then the prefetch distance, likewise.
 The choice is planned in full, so it always fits; a candidate that can no longer beat the best
 so far is cut short while it is planned (``auto_plan``), which does not change the choice.
+
+Swap or recompute (issue 21; the planner does not recompute yet): ``swap_seconds`` is what sending
+a blob home and bringing it back costs on the link (two copies); ``recompute_seconds`` what
+rebuilding it costs by re-running the forwards that made it (``recompute_step``: its producer's
+forward as a recompute reads and writes it, costed by ``CostModel.step_seconds`` like any step).
 """
 import time
 from dataclasses import dataclass, replace
@@ -25,6 +30,7 @@ import numpy as np
 
 from ..device.pool import ALIGNMENT
 from ..errors import PlanError
+from ..layers.recompute import in_place, recompute_reads, recompute_writes
 from ..net import Net, Step
 from ..sizes import format_bytes
 from .liveness import Liveness
@@ -177,6 +183,57 @@ class _CutShort(Exception):
 def step_times(net: Net, steps: list[Step], model: CostModel) -> list[float]:
     """Each step's compute seconds by ``model``: the same for every plan of the schedule."""
     return [model.step_seconds(net, step) for step in steps]
+
+
+def producers(net: Net, blob: str) -> list:
+    """The layers whose forwards make ``blob``'s value, in schedule order: the one that writes it
+    and the in-place layers after it (a ReLU or BatchNorm over a convolution's top). Empty for a
+    blob no forward makes (an input, a parameter, a gradient)."""
+    return [layer for layer in net.layers if blob in layer.top]
+
+
+def recompute_step(net: Net, layer) -> Step:
+    """``layer``'s forward run again as a recompute, as a ``Step`` (index -1: in no schedule) of
+    the blobs it reads and writes (``layers.recompute``): bottoms, learnable parameters, the saved
+    buffers the rule reads, the workspace; tops and the saved buffers it rewrites. Needs the
+    net's schedule made (which names the parameter, saved and workspace blobs). Raises
+    ``ShapeError`` for a layer that cannot be recomputed."""
+    reads, writes = recompute_reads(layer), recompute_writes(layer)
+    prefix = layer.name + "."
+    own = [prefix + name for name in reads["params"] + reads["saved"] + writes["saved"]
+           + reads["workspace"]]
+    missing = [name for name in own if name not in net.blobs]
+    if missing:
+        raise ValueError(f"layer {layer.name}: blobs {missing} are not declared: make the net's "
+                         "schedule (net.schedule()) first")
+    overwritten = in_place(layer)
+    return Step(-1, "forward", layer.name,
+                reads=tuple(b for b in reads["bottom"] if b not in overwritten)
+                + tuple(prefix + n for n in reads["params"] + reads["saved"]),
+                writes=tuple(t for t in writes["top"] if t not in overwritten)
+                + tuple(prefix + n for n in writes["saved"]),
+                updates=tuple(overwritten),
+                workspace=tuple(prefix + n for n in reads["workspace"]))
+
+
+def recompute_seconds(net: Net, blob: str, model: CostModel) -> float:
+    """Seconds to rebuild ``blob`` on the device by re-running the forwards that made it
+    (``producers``: for an in-place chain, from its first writer on), each costed as a step by
+    ``model`` (FLOPs at its rate, the bytes touched at memory bandwidth, the fixed cost of a
+    step). Their inputs are taken as resident: what bringing them back costs is the planner's to
+    add. Raises ``ValueError`` for a blob no forward makes, ``ShapeError`` where a producer cannot
+    be recomputed."""
+    layers = producers(net, blob)
+    if not layers:
+        raise ValueError(f"blob {blob}: no forward makes it (an input, a parameter or a "
+                         "gradient): it cannot be recomputed")
+    return sum(model.step_seconds(net, recompute_step(net, layer)) for layer in layers)
+
+
+def swap_seconds(net: Net, blob: str, model: CostModel) -> float:
+    """Seconds to send ``blob`` home and bring it back over ``model``'s link: a swap-out and a
+    swap-in, each ``CostModel.copy_seconds`` (what prefetch may hide of it is the timeline's)."""
+    return 2 * model.copy_seconds(net.blobs[blob].nbytes)
 
 
 def auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
