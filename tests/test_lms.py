@@ -241,3 +241,27 @@ def test_default_lms_uses_the_least_pool_even_in_a_large_one():
         assert executor.plan.peak == least_pool(net, net.schedule(("momentum",)))
         for _ in range(2):
             executor.iterate(inputs)
+
+
+def test_a_step_waits_for_a_prefetch_still_landing_in_space_it_reuses():
+    """A prefetch whose blob is evicted before its step comes may still be copying when its
+    space is given to another blob: the step that writes there must wait for that copy, and a
+    step that writes elsewhere must not. (Found by the quickstart on a loaded machine: the copy
+    thread fell behind and a late prefetch overwrote a fresh activation, and the loss became
+    NaN.)"""
+    from minilms.lms.plan import Action, Plan, StepPlan
+    from minilms.lms.replay import Program
+    from minilms.net import Step
+
+    def program(offset):
+        prefetch = Action.make("swap_in", "x", 64, 0, 256, for_step=2)
+        steps = [StepPlan(Step(0, "forward", "a"), [], [], [prefetch]),
+                 StepPlan(Step(1, "forward", "b", writes=("y",)),
+                          [Action.make("drop", "x", 64, 0, 256)],
+                          [Action.make("alloc", "y", 64, offset, 256)], [])]
+        made = Program(None, Plan(Policy(), 4096, {}, {}, [], steps, []), {}, True)
+        return made, made.sequence_of[id(prefetch)]
+    reused, copy = program(0)
+    assert reused.copying[1][2] == copy
+    elsewhere, _ = program(1024)
+    assert elsewhere.copying[1][2] is None

@@ -51,14 +51,15 @@ class Program:
     def __post_init__(self):
         """Which copies each step must wait for, computed once. The copy stream runs in order,
         so waiting for one copy waits for all before it; a step waits for the latest of: the
-        loads of its own blobs, and the swap-outs of space it writes without loading (a kernel
-        must not overwrite a copy still in flight). Prefetches for later steps and swap-outs of
-        space it does not touch go on under its compute."""
+        loads of its own blobs, and the copies in flight in space it writes without loading (a
+        kernel must not overwrite a copy still in flight: a swap-out still reading the space, or
+        a prefetch still writing it for a blob that was evicted before its step came). Prefetches
+        for later steps and copies in space it does not touch go on under its compute."""
         self.copying, self.marks = [], set()
         self.sequence_of: dict = {}   # id(action) -> its place on the copy stream
         sequence, waited = 0, 0
         loaded: dict = {}          # blob -> sequence number of its latest load
-        outgoing: list = []        # (sequence, start, end) of swap-outs not yet waited for
+        outgoing: list = []        # (sequence, start, end) of copies not yet waited for
         for step_plan in self.plan.steps:
             now = step_plan.release + step_plan.demand
             copies_any = False
@@ -68,8 +69,7 @@ class Program:
                     sequence += 1
                     if action.copies == "h2d":
                         loaded[action.blob] = sequence
-                    else:
-                        outgoing.append((sequence, action.offset, action.offset + action.size))
+                    outgoing.append((sequence, action.offset, action.offset + action.size))
                     self.sequence_of[id(action)] = sequence
             need = max([loaded.get(name, 0) for name in step_plan.step.blobs] + [0])
             for action in now:
