@@ -66,6 +66,13 @@ class Blob:
             self._host = self.device.alloc_host(self.shape, self.dtype)
         return self._host
 
+    def share_home(self, rows: np.ndarray) -> None:
+        """Make ``rows`` (rows of another blob's home: a chunk's samples) this blob's home."""
+        if rows.shape != self.shape or rows.dtype != self.dtype:
+            raise ValueError(f"blob {self.name}: a home of {rows.shape} {rows.dtype} for a blob "
+                             f"of {self.shape} {self.dtype}")
+        self._host = rows
+
     @property
     def host(self) -> np.ndarray:
         """The host copy itself: no sync, so stale while the head is on the device. A blob

@@ -58,9 +58,13 @@ class Step:
     workspace: tuple = ()
     # (partial gradient, gradient it is added into) pairs: a blob that feeds several layers
     accumulate: tuple = field(default=())
+    # a sub-step of a step split along the batch (``minilms.lms.substeps.Part``); None: whole
+    part: object = field(default=None, compare=False)
 
     @property
     def name(self) -> str:
+        if self.part is not None:
+            return f"{self.kind} {self.layer} {self.part.label}"
         return f"{self.kind} {self.layer}"
 
     @property
@@ -144,6 +148,9 @@ class Net:
         self.blobs: dict[str, BlobInfo] = {
             name: BlobInfo(name, shape, dtype, "input")
             for name, (shape, dtype) in self.inputs.items()}
+        # the chunks of blobs that split steps use (``minilms.lms.substeps``): name -> (parent,
+        # first sample, end); declared as a schedule with splits is made
+        self.chunks: dict[str, tuple] = {}
         for i, layer in enumerate(self.layers):
             shapes = [self.blobs[b].shape for b in layer.bottom]
             dtype = np.dtype(np.float32)

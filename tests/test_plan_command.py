@@ -53,8 +53,9 @@ def test_every_config_plans(capsys, config):
 def test_errors_are_one_line(capsys, tmp_path):
     code, _, err = plan(capsys, CONFIGS[0].parent / "quickstart.yaml", "device.memory=1MiB")
     assert code == 2 and err.count("\n") == 1
-    assert re.search(r"out of device memory at step \d+ \(forward conv1\).*\(LMS needs at least "
-                     r"[\d.]+ MiB; LMS off [\d.]+ MiB\)", err)
+    assert re.search(r"out of device memory at step \d+ \(forward conv1( \[forward \d+:\d+\])?\)"
+                     r".*\(LMS needs at least [\d.]+ MiB, at least [\d.]+ MiB with steps split; "
+                     r"LMS off [\d.]+ MiB\)", err)
     code, _, err = plan(capsys, tmp_path / "missing.yaml")
     assert code == 2 and "missing.yaml" in err and err.count("\n") == 1
 

@@ -19,7 +19,13 @@ from ..config.build import build_net, cost_model, device_kind, lms_policy, load,
 from ..device import parse_link
 from ..device.cpu import host_memory_info
 from ..errors import PlanError
-from ..lms.bounds import least_pool, resident_bytes, working_set_bytes
+from ..lms.bounds import (
+    least_pool,
+    least_split_pool,
+    resident_bytes,
+    split_floor,
+    working_set_bytes,
+)
 from ..lms.cost import plan_for, simulate
 from ..lms.host import host_memory, loader_batches, process_resident
 from ..lms.plan import Plan
@@ -38,6 +44,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--link", help="link model for the predicted times (pcie3, pcie4, pcie5, "
                                   "nvlink2, or GB/s); default: device.link")
     p.add_argument("--summary", action="store_true", help="totals only, no per-layer table")
+    p.add_argument("--least-split", action="store_true",
+                   help="search for the least pool with steps split along the batch (plans "
+                        "many times: minutes for a deep net at a large batch); without it, the "
+                        "floor under it is printed")
     return p
 
 
@@ -51,7 +61,14 @@ def owners(plan: Plan) -> dict:
 
 
 def layer_rows(net, plan: Plan) -> list[tuple]:
+    """One row per layer; with a ``split`` column (how many chunks its forward and backward
+    steps run in) when the plan splits any step along the batch."""
     owner = owners(plan)
+    split = {}
+    for step_plan in plan.steps:
+        part = step_plan.step.part
+        if part is not None:
+            split.setdefault(step_plan.step.layer, {})[step_plan.step.kind[0]] = part.chunks
     moved = {layer.name: {"h2d": 0, "d2h": 0, "pinned": 0, "ws": 0} for layer in net.layers}
     for _, action in plan.actions():
         if action.copies:
@@ -67,7 +84,9 @@ def layer_rows(net, plan: Plan) -> list[tuple]:
         count = sum(int(_prod(p.shape)) for p in layer.params())
         rows.append((layer.name, layer.type, "x".join(map(str, layer.top_shapes[0])),
                      _count(count), format_bytes(m["ws"]), format_bytes(m["h2d"]),
-                     format_bytes(m["d2h"]), format_bytes(m["pinned"])))
+                     format_bytes(m["d2h"]), format_bytes(m["pinned"]))
+                    + ((" ".join(f"{k}x{n}" for k, n in split.get(layer.name, {}).items()),)
+                       if split else ()))
     return rows
 
 
@@ -86,13 +105,14 @@ def _count(n: int) -> str:
 
 
 def table(rows: list[tuple]) -> str:
-    widths = [max(len(str(r[i])) for r in rows + [COLUMNS]) for i in range(len(COLUMNS))]
+    columns = COLUMNS + (("split",) if rows and len(rows[0]) > len(COLUMNS) else ())
+    widths = [max(len(str(r[i])) for r in rows + [columns]) for i in range(len(columns))]
     lines = ["  ".join(f"{c:<{w}}" if i < 3 else f"{c:>{w}}" for i, (c, w) in
-                       enumerate(zip(row, widths))) for row in [COLUMNS] + rows]
+                       enumerate(zip(row, widths))).rstrip() for row in [columns] + rows]
     return "\n".join(lines)
 
 
-def report(config, link=None, summary: bool = False) -> str:
+def report(config, link=None, summary: bool = False, least_split: bool = False) -> str:
     net = build_net(config)
     steps = net.schedule(("momentum",) if config.solver.type == "sgd" and config.solver.momentum
                          else ("exp_avg", "exp_avg_sq") if config.solver.type == "adam" else ())
@@ -106,11 +126,16 @@ def report(config, link=None, summary: bool = False) -> str:
            f"inputs {inputs}",
            f"device {device_kind(config)}, pool {format_bytes(capacity)}; cost model "
            f"{model.describe()}"]
-    least = least_pool(net, steps)
+    least = least_pool(net, steps, replace(policy, split="off"))
+    splits = policy.enabled and policy.max_chunks != 1
+    floor, floor_step = split_floor(net, steps, policy)
+    searched = least_split_pool(net, steps, policy) if splits and least_split else None
     try:
         plan = plan_for(net, steps, capacity, policy, model)
     except PlanError as error:
-        raise PlanError(f"{error} (LMS needs at least {format_bytes(least)}; LMS off "
+        split = "" if not splits else f", {format_bytes(searched)} with steps split" \
+            if searched else f", at least {format_bytes(floor)} with steps split"
+        raise PlanError(f"{error} (LMS needs at least {format_bytes(least)}{split}; LMS off "
                         f"{format_bytes(everything)})") from None
     chosen = plan.policy.describe()
     if plan.candidates:
@@ -122,15 +147,22 @@ def report(config, link=None, summary: bool = False) -> str:
     if not summary:
         out += ["", table(layer_rows(net, plan)), ""]
     timeline = simulate(plan, net, model)
-    no_prefetch = simulate(make_plan(net, steps, capacity, replace(plan.policy, prefetch=0,
-                                                                   policy="manual")), net, model) \
+    planned = [step_plan.step for step_plan in plan.steps]     # split steps as sub-steps
+    no_prefetch = simulate(make_plan(net, planned, capacity, replace(plan.policy, prefetch=0,
+                                                                     policy="manual")), net, model) \
         if plan.policy.enabled and plan.policy.prefetch else timeline
     fits = "fits" if everything <= capacity else "does not fit"
     out += [f"LMS off needs        {format_bytes(everything):>12}  ({fits} in "
             f"{format_bytes(capacity)})",
             f"least pool for LMS   {format_bytes(least):>12}  (largest working set "
-            f"{format_bytes(max(working_set_bytes(net, s) for s in steps))})",
-            f"this plan's peak     {format_bytes(plan.peak):>12}  (pinned "
+            f"{format_bytes(max(working_set_bytes(net, s) for s in steps))})"]
+    if splits:
+        found = f"{format_bytes(searched):>12}  (searched; floor {format_bytes(floor)}, " \
+            if searched else f"{'>= ' + format_bytes(floor):>12}  (a floor: --least-split " \
+            "searches; "
+        out.append(f"least pool, split    {found}set by one chunk of {floor_step.name}; "
+                   f"lms.split {policy.split})")
+    out += [f"this plan's peak     {format_bytes(plan.peak):>12}  (pinned "
             f"{format_bytes(plan.pinned_bytes)})",
             f"moved per iteration  {format_bytes(plan.bytes_moved('h2d')):>12} H2D, "
             f"{format_bytes(plan.bytes_moved('d2h'))} D2H",
@@ -163,7 +195,7 @@ def main(argv=None) -> int:
     args = parser().parse_intermixed_args(argv)
     config = load(args.config, args.overrides)
     try:
-        print(report(config, args.link, args.summary))
+        print(report(config, args.link, args.summary, args.least_split))
     except Exception as error:
         error.config = config
         raise

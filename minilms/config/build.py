@@ -59,7 +59,7 @@ def lms_policy(config) -> Policy:
     swap = parse_size(lms.min_swap_bytes, "lms.min_swap_bytes") if lms.min_swap_bytes else 0
     return Policy(enabled=lms.enabled, policy=lms.policy, min_swap_bytes=swap, limit=limit,
                   start_fraction=lms.start_fraction, prefetch=lms.prefetch,
-                  keep_state=lms.keep_state)
+                  keep_state=lms.keep_state, split=lms.split)
 
 
 def device_kind(config) -> str:

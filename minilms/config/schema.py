@@ -138,6 +138,7 @@ NULL = simple("null", lambda value: value is None)
 # kept as written: "512MiB" reads better in a saved config than a count of bytes
 SIZE = simple(SIZE_EXPECTED, _is_size)
 AUTO = choice("auto")
+OFF = simple("off", lambda value: value is False, lambda value: "off")   # YAML reads off as false
 ZERO = simple("0", lambda value: _is_number(value) and value == 0, lambda value: 0)
 
 
@@ -256,7 +257,9 @@ SCHEMA = Section(
         resident after their step before LMS swaps (null or 0: only what the next step needs,
         Caffe's default); ``start_fraction``: the same as a share of the pool (the larger wins);
         ``prefetch``: how many steps ahead swap-ins are issued (0: on demand); ``keep_state``:
-        parameters and optimizer state stay resident across iterations.""",
+        parameters and optimizer state stay resident across iterations. ``split``: a step whose
+        working set does not fit the pool runs in chunks of samples (``auto``: only such steps,
+        into as few chunks as fit; ``off``: never; a number: at most that many chunks).""",
         enabled=Field(BOOL, True),
         policy=Field(choice("auto", "manual"), "auto"),
         min_swap_bytes=Field(either(ZERO, SIZE, expected=f"{SIZE_EXPECTED}, or 0"), 0),
@@ -264,6 +267,8 @@ SCHEMA = Section(
         start_fraction=Field(number(0, 1), 0.0),
         prefetch=Field(integer(0), 0),
         keep_state=Field(BOOL, False),
+        split=Field(either(choice("auto", "off"), OFF, integer(1),
+                           expected="auto, off, or a chunk count >= 1"), "auto"),
     ),
     solver=Section(
         """The optimizer, as PyTorch defines it: SGD (momentum, Nesterov, weight decay) or Adam

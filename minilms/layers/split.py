@@ -45,7 +45,7 @@ the same numbers as one draw for the whole batch (numpy's ``Generator.random`` i
 split step drops the elements the unsplit step drops.
 """
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import ShapeError
 from ..kernels.elementwise import accumulate
@@ -190,22 +190,8 @@ def chunk_io(layer: Layer, phase: str, io: StepIO, n0: int, n1: int, temps: dict
              first: bool) -> StepIO:
     """The StepIO of samples ``n0 .. n1``: slices of the batch blobs, the shared blobs whole, the
     split workspace in ``work``, and for a chunk after the first the temporaries of the sums."""
-    rule = type(layer).split
-    tops = (lambda a: _rows(a, n0, n1)) if rule.batch_tops else (lambda a: a)
-    param_grad, work = dict(io.param_grad), {**io.work, **_split_work(layer, phase, temps)}
-    if not first:
-        for name in rule_of(layer, phase).sums:
-            role, key = name.split(".", 1)
-            target = param_grad if role == "param_grad" else work
-            if target.get(key) is not None:
-                target[key] = temps[name]
-    return StepIO(bottom=[_rows(b, n0, n1) for b in io.bottom], top=[tops(t) for t in io.top],
-                  params=io.params,
-                  saved={k: _rows(v, n0, n1) if k in rule.batch_saved else v
-                         for k, v in io.saved.items()},
-                  work=work, top_grad=[tops(g) for g in io.top_grad],
-                  bottom_grad=[_rows(g, n0, n1) for g in io.bottom_grad], param_grad=param_grad,
-                  train=io.train, rng=io.rng, stream=io.stream, chunk=(n0, n1))
+    return part_io(layer, phase, _batch_rows(layer, io, lambda a: _rows(a, n0, n1)), (n0, n1),
+                   temps, first)
 
 
 def whole_io(layer: Layer, phase: str, io: StepIO, temps: dict) -> StepIO:
@@ -213,21 +199,45 @@ def whole_io(layer: Layer, phase: str, io: StepIO, temps: dict) -> StepIO:
     ``whole`` whole, and every other batch blob as an empty slice: zero samples, so the pass sees
     which gradients are wanted but no data (as ``LayerRun`` withholds what backward does not
     declare, a once-pass that reads one fails in the tests)."""
-    rule = type(layer).split
     keep = {name.split(".", 1)[1] for name in rule_of(layer, phase).whole}
+    return part_io(layer, phase, _batch_rows(layer, io, lambda a: _rows(a, 0, 0), keep), None,
+                   temps, True)
 
-    def empty(array):
-        return _rows(array, 0, 0)
 
-    tops = empty if rule.batch_tops else (lambda a: a)
-    return StepIO(bottom=[empty(b) for b in io.bottom], top=[tops(t) for t in io.top],
-                  params=io.params,
-                  saved={k: v if k not in rule.batch_saved or k in keep else empty(v)
-                         for k, v in io.saved.items()},
-                  work={**io.work, **_split_work(layer, phase, temps)},
-                  top_grad=[tops(g) for g in io.top_grad],
-                  bottom_grad=[empty(g) for g in io.bottom_grad], param_grad=io.param_grad,
-                  train=io.train, rng=io.rng, stream=io.stream, chunk=None)
+def _batch_rows(layer: Layer, io: StepIO, rows, keep=()) -> StepIO:
+    """``io`` with ``rows`` applied to every batch blob (but the saved buffers in ``keep``)."""
+    rule = type(layer).split
+    tops = rows if rule.batch_tops else (lambda a: a)
+    return replace(io, bottom=[rows(b) for b in io.bottom], top=[tops(t) for t in io.top],
+                   saved={k: rows(v) if k in rule.batch_saved and k not in keep else v
+                          for k, v in io.saved.items()},
+                   top_grad=[tops(g) for g in io.top_grad],
+                   bottom_grad=[rows(g) for g in io.bottom_grad])
+
+
+def part_io(layer: Layer, phase: str, io: StepIO, chunk, temps: dict, first: bool) -> StepIO:
+    """A sub-step's StepIO from ``io``, whose batch blobs are already the sub-step's rows (a
+    chunk's, or empty for a once-pass; the LMS executor hands its chunk blobs): the split
+    workspace in ``work``, ``chunk`` (``(n0, n1)`` or None), and for a chunk after the first
+    the temporaries of the sums in place of their targets (``add_sums`` adds them in after)."""
+    param_grad, work = dict(io.param_grad), {**io.work, **_split_work(layer, phase, temps)}
+    if not first:
+        for name in rule_of(layer, phase).sums:
+            role, key = name.split(".", 1)
+            target = param_grad if role == "param_grad" else work
+            if target.get(key) is not None:
+                target[key] = temps[name]
+    return replace(io, param_grad=param_grad, work=work, chunk=chunk)
+
+
+def add_sums(layer: Layer, phase: str, io: StepIO, temps: dict) -> None:
+    """After a chunk other than the first: add each sum's temporary into its target (the
+    ``param_grad`` or ``work`` entry of ``io``, the step's own StepIO)."""
+    for name in rule_of(layer, phase).sums:
+        role, key = name.split(".", 1)
+        target = (io.param_grad if role == "param_grad" else io.work).get(key)
+        if target is not None:
+            accumulate(target, temps[name], io.stream)
 
 
 def _phase_of(io: StepIO) -> str:
@@ -264,10 +274,5 @@ def run_split(layer: Layer, io: StepIO, chunks, phase: str, temps: dict | None =
             continue
         for i, (n0, n1) in enumerate(bounds):
             method(chunk_io(layer, phase, io, n0, n1, temps, first=i == 0))
-            if i == 0:
-                continue
-            for name in rule.sums:
-                role, key = name.split(".", 1)
-                target = (io.param_grad if role == "param_grad" else io.work).get(key)
-                if target is not None:
-                    accumulate(target, temps[name], io.stream)
+            if i > 0:
+                add_sums(layer, phase, io, temps)

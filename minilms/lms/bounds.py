@@ -7,6 +7,7 @@ from ..errors import PlanError
 from ..net import Net, Step
 from .plan import Policy
 from .planner import collector_paused, make_plan
+from .substeps import batch_blobs, most_chunks, plan_split, splittable
 
 
 def resident_bytes(net: Net, steps: list[Step]) -> int:
@@ -51,3 +52,57 @@ def least_pool(net: Net, steps: list[Step], policy: Policy = Policy()) -> int:
             else:
                 low = middle + 1
         return high * unit
+
+
+def least_split_pool(net: Net, steps: list[Step], policy: Policy = Policy()) -> int:
+    """The smallest pool with which the planner succeeds when steps may split along the batch
+    (``lms.split``, at most ``policy``'s chunk count; ``minilms.lms.substeps.plan_split``). Its
+    floor is no longer the largest working set but the largest of what one chunk of a step, or
+    a step that cannot split, needs: the search gallops up from that bound and bisects. Whether
+    a pool fits is asked with chunks sized to a quarter of it, doubled where that fails: the
+    least pool, not the fewest chunks, is the question."""
+    policy = replace(policy, prefetch=0, split="auto" if policy.split == "off" else policy.split)
+    if not policy.enabled:
+        return least_pool(net, steps, policy)
+    unit = Pool(1 << 20).alignment
+    def fits(units: int) -> bool:
+        try:
+            plan_split(net, steps, units * unit, policy,
+                       lambda schedule: make_plan(net, schedule, units * unit, policy),
+                       fill=0.25, eager=True)
+            return True
+        except PlanError:
+            return False
+    with collector_paused():
+        low = split_floor(net, steps, policy)[0] // unit
+        if fits(low):
+            return low * unit
+        failed, gap = low, 1
+        while not fits(failed + gap):
+            failed, gap = failed + gap, gap * 2
+        low, high = failed + 1, failed + gap
+        while low < high:
+            middle = (low + high) // 2
+            if fits(middle):
+                high = middle
+            else:
+                low = middle + 1
+        return high * unit
+
+
+def split_floor(net: Net, steps: list[Step], policy: Policy = Policy()) -> tuple[int, Step]:
+    """A floor under the least pool when steps may split, and the step that sets it: the
+    largest working set of a step split into as many chunks as allowed (its shared blobs whole,
+    one chunk of its batch blobs), or of a step that cannot split. No pool below it holds that
+    step; the planner may need more (what stays pinned, fragmentation). Computed from the bytes
+    alone, with no plan: instant, where ``least_split_pool`` plans many times."""
+    train = any(step.kind == "backward" for step in steps)
+    floor, where = 0, None
+    for step in steps:
+        bytes_ = working_set_bytes(net, step)
+        if policy.max_chunks != 1 and splittable(net, step, train):
+            batch = sum(align_up(net.blobs[n].nbytes) for n in batch_blobs(net, step, train))
+            bytes_ -= batch - -(-batch // most_chunks(net, step, policy))
+        if bytes_ > floor:
+            floor, where = bytes_, step
+    return floor, where

@@ -36,6 +36,7 @@ from ..sizes import format_bytes
 from .liveness import Liveness
 from .plan import Plan, Policy
 from .planner import collector_paused, make_plan, pinned_blobs
+from .substeps import plan_split, share_of_flops
 
 GB = 1e9
 PREFETCH_CHOICES = (1, 2, 3, 4, 6, 8)
@@ -74,6 +75,8 @@ class CostModel:
     def step_seconds(self, net: Net, step: Step) -> float:
         layer = net.layer[step.layer]
         flops = {"forward": 1, "backward": 2, "update": 0}[step.kind] * layer.flops()
+        if step.part is not None:     # a sub-step: its chunk's share of one pass over the batch
+            flops *= share_of_flops(layer, step.part)
         touched = sum(net.blobs[name].nbytes for name in set(step.blobs))
         return (self.step_seconds_fixed + flops / self.flops_per_second
                 + touched / self.memory_bytes_per_second)
@@ -338,6 +341,8 @@ def plan_for(net: Net, steps: list[Step], capacity: int, policy: Policy,
              model: CostModel | None = None) -> Plan:
     """``make_plan`` for manual knobs, ``auto_plan`` for ``policy: auto``."""
     if policy.enabled and policy.policy == "auto":
-        return auto_plan(net, steps, capacity, model or CostModel.for_device("cpu"),
-                         policy.reduce_grads)
-    return make_plan(net, steps, capacity, policy)
+        model = model or CostModel.for_device("cpu")
+        return plan_split(net, steps, capacity, policy, lambda schedule: auto_plan(
+            net, schedule, capacity, model, policy.reduce_grads))
+    return plan_split(net, steps, capacity, policy,
+                      lambda schedule: make_plan(net, schedule, capacity, policy))

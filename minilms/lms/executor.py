@@ -19,6 +19,7 @@ from ..device.pool import align_up
 from ..errors import OutOfDeviceMemory
 from ..kernels.elementwise import accumulate
 from ..layers import StepIO
+from ..layers.split import add_sums, part_io
 from ..net import Net, Step
 from ..sizes import format_bytes
 
@@ -70,7 +71,9 @@ class Executor:
                     start=start, end=events.clock(), stream="compute")
 
     def _dispatch(self, step: Step, train: bool, solver) -> None:
-        if step.kind == "forward":
+        if step.part is not None:
+            self.run_part(step, train)
+        elif step.kind == "forward":
             self.forward(step, train)
         elif step.kind == "backward":
             self.backward(step)
@@ -102,6 +105,9 @@ class Executor:
         return {spec.name: claim(f"{layer.name}.{spec.name}") for spec in specs}
 
     def forward(self, step: Step, train: bool) -> None:
+        self.net.layer[step.layer].forward(self.forward_io(step, train))
+
+    def forward_io(self, step: Step, train: bool) -> StepIO:
         layer = self.net.layer[step.layer]
         bottom = [self._update(b) if b in layer.top else self._read(b) for b in layer.bottom]
         top = [self._update(t) if t in layer.bottom else self._write(t) for t in layer.top]
@@ -111,9 +117,14 @@ class Executor:
                     saved=self._buffers(layer, layer.saved(), self._write),
                     work=self._buffers(layer, layer.workspace(), self._write),
                     train=train, rng=self.rng, stream=self.stream())
-        layer.forward(io)
+        return io
 
     def backward(self, step: Step) -> None:
+        self.net.layer[step.layer].backward(self.backward_io(step))
+        for part, grad in step.accumulate:
+            accumulate(self._update(grad), self._read(part), self.stream())
+
+    def backward_io(self, step: Step) -> StepIO:
         layer = self.net.layer[step.layer]
         reads = layer.backward_reads
         targets = dict((grad, part) for part, grad in step.accumulate)
@@ -137,9 +148,44 @@ class Executor:
                     param_grad={p.name: self._write(f"{layer.name}.{p.name}.grad")
                                 for p in self.net.learnable(layer)},
                     train=True, rng=self.rng, stream=self.stream())
-        layer.backward(io)
-        for part, grad in step.accumulate:
-            accumulate(self._update(grad), self._read(part), self.stream())
+        return io
+
+    def run_part(self, step: Step, train: bool) -> None:
+        """A sub-step of a split step (``minilms.lms.substeps``): the step's StepIO with each
+        batch blob's chunk in its place (or empty rows, for what the sub-step does not touch),
+        made into the pass's (``layers.split.part_io``), then the pass; after a chunk other than
+        the first its sums are added in, and after the last pass's chunks, partial gradients."""
+        part, layer = step.part, self.net.layer[step.layer]
+        chunks = dict(part.names)
+        read, write, update = self._read, self._write, self._update
+
+        def through_chunks(access):
+            def get(name):
+                if name not in chunks:
+                    return access(name)
+                return self._empty_rows(name) if chunks[name] is None else access(chunks[name])
+            return get
+        self._read, self._write, self._update = map(through_chunks, (read, write, update))
+        try:
+            io = self.forward_io(step, train) if step.kind == "forward" else \
+                self.backward_io(step)
+            temps = {key: write(blob) for key, blob in part.temps}
+            for spec in layer.split_workspace(part.phase):     # carried: written, then updated
+                name = f"{layer.name}.split.{spec.name}"
+                temps[spec.name] = (write if name in step.writes else update)(name)
+            getattr(layer, part.method)(part_io(layer, part.phase, io, part.chunk, temps,
+                                                first=not part.temps))
+            if part.temps:
+                add_sums(layer, part.phase, io, temps)
+            for partial, grad in step.accumulate:
+                accumulate(self._update(grad), self._read(partial), self.stream())
+        finally:
+            del self._read, self._write, self._update
+
+    def _empty_rows(self, name):
+        """No samples of ``name``: what a sub-step gets for a batch blob it does not touch."""
+        blob = self.blobs[name]
+        return self.device._bytes(0, 0).view(blob.dtype).reshape((0,) + blob.shape[1:])
 
     def update(self, step: Step, solver) -> None:
         layer = self.net.layer[step.layer]

@@ -32,7 +32,10 @@ def homes(plan: Plan) -> list[str]:
     moved = {a.blob for a in plan.prologue if a.copies}
     moved.update(a.blob for _, a in plan.actions() if a.copies or a.kind == "reduce")
     kept = set(plan.persistent) | set(plan.host_inputs) | set(plan.outputs)
-    return [name for name in plan.blobs if name in moved or name in kept]
+    # a chunk of a split step's blob is rows of its parent's home: the parent gets the home
+    kept.update(parent for name, (parent, _, _) in plan.chunks.items() if name in moved)
+    return [name for name in plan.blobs if (name in moved or name in kept)
+            and name not in plan.chunks]
 
 
 def batch_bytes(plan: Plan) -> int:

@@ -59,18 +59,29 @@ class Liveness:
                 pairs = sorted(dict(reversed(list(zip(self.uses[name], self.kinds[name])))
                                     ).items())
                 self.uses[name], self.kinds[name] = [p[0] for p in pairs], [p[1] for p in pairs]
+        # a blob and the chunks of it that split steps use (``minilms.lms.substeps``): name ->
+        # (parent, mask of its samples), for every member of a family that is used
+        self.family: dict[str, tuple] = {}
+        self.members: dict[str, list] = {}
+        self.chunks = {n: net.chunks[n] for n in self.uses if n in net.chunks}
+        if self.chunks:
+            self._families(net)
         self.blobs = {name: net.blobs[name] for name in self.uses}
+        self.blobs.update((parent, net.blobs[parent]) for parent in self.members)
         self.nbytes = {name: info.nbytes for name, info in self.blobs.items()}
         self.persistent = {n for n, info in self.blobs.items() if info.role in PERSISTENT_ROLES}
         losses = [ly for ly in net.layers if ly.is_loss]
         self.outputs = [ly.top[0] for ly in net.layers if (ly.is_loss or ly.type == "Accuracy")
                         and ly.top[0] in self.uses]
         seeds = [f"{ly.top[0]}.grad" for ly in losses if f"{ly.top[0]}.grad" in self.uses]
-        self.host_inputs = [n for n in net.inputs if n in self.uses] + seeds
+        self.host_inputs = [n for n in net.inputs if n in self.uses or n in self.members] + seeds
         # needs[name][i]: the need once the schedule is past i of its uses (see need_after)
         outputs = set(self.outputs)
         self.needs: dict[str, list] = {}
         for name, uses in self.uses.items():
+            if name in self.family:
+                self.needs[name] = self._family_needs(name)
+                continue
             table = [use if kind in ("read", "update") else INFINITY
                      for use, kind in zip(uses, self.kinds[name])]
             table.append(self.n + uses[0] if name in self.persistent else
@@ -95,6 +106,38 @@ class Liveness:
             self.loaded.append(frozenset(step.reads + step.updates))   # their first use
             self.load_lists.append(list(dict.fromkeys(step.reads + step.updates)))
             self.made.append(step.writes + step.updates + step.workspace)
+
+    def _families(self, net: Net) -> None:
+        """Group each used chunk with its parent and the parent's other used chunks; a parent
+        no step names whole is still a member (its home holds the chunks' rows)."""
+        for name, (parent, n0, n1) in self.chunks.items():
+            self.family[name] = (parent, ((1 << n1) - 1) ^ ((1 << n0) - 1))
+            self.members.setdefault(parent, [parent] if parent in self.uses else []).append(name)
+        for parent in self.members:
+            self.family[parent] = (parent, (1 << net.blobs[parent].shape[0]) - 1)
+        self._own = {name: (list(self.uses[name]), list(self.kinds[name]))
+                     for name in self.family if name in self.uses}
+        self.overlapping = {name: [other for other in self.members[parent]
+                                   if other != name and self.family[other][1] & mask]
+                            for name, (parent, mask) in self.family.items() if name in self.uses}
+
+    def _family_needs(self, name: str) -> list:
+        """The need table of a blob with chunks, or of a chunk: a use of any blob that overlaps
+        it is a use of it. It is needed by any read or update of an overlap, and by a partial
+        overwrite (what the overwrite leaves may be read later: kept, conservatively); only an
+        overwrite of all its samples (its own, or a bigger blob's) kills it. Its uses become
+        the merged ones, so the planner's bisections see them."""
+        mask = self.family[name][1]
+        events: dict = {}     # step -> the strongest effect on ``name`` there
+        for other in [name, *self.overlapping[name]]:
+            covers = self.family[other][1] & mask == mask
+            for use, kind in zip(*self._own[other]):
+                effect = "read" if kind in ("read", "update") or not covers else "write"
+                if events.get(use) != "read":
+                    events[use] = effect
+        uses = sorted(events)
+        self.uses[name], self.kinds[name] = uses, [events[u] for u in uses]
+        return [use if events[use] == "read" else INFINITY for use in uses] + [INFINITY]
 
     def kind_at(self, name: str, index: int) -> str:
         i = bisect.bisect_left(self.uses[name], index)

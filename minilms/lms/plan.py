@@ -23,6 +23,9 @@ class Policy:
     prefetch: int = 0
     keep_state: bool = False
     reduce_grads: bool = False     # data parallel: gradients home after backward, reduced there
+    # steps split along the batch where they do not fit (minilms.lms.substeps): "auto", "off",
+    # or the most chunks a step may be split into
+    split: object = "auto"
 
     def __post_init__(self):
         if self.policy not in ("manual", "auto"):
@@ -31,6 +34,17 @@ class Policy:
             raise ConfigError("lms.start_fraction", "a number in [0, 1]", self.start_fraction)
         if self.prefetch < 0 or self.min_swap_bytes < 0 or (self.limit or 0) < 0:
             raise ConfigError("lms", "prefetch, min_swap_bytes and limit >= 0", self)
+        if self.split not in ("auto", "off") and not (
+                isinstance(self.split, int) and not isinstance(self.split, bool)
+                and self.split >= 1):
+            raise ConfigError("lms.split", "auto, off, or a chunk count >= 1", self.split)
+
+    @property
+    def max_chunks(self) -> int | None:
+        """The most chunks a step may be split into: None for no cap, 1 for never."""
+        if not self.enabled or self.split == "off":
+            return 1
+        return None if self.split == "auto" else self.split
 
     def soft_limit(self, capacity: int) -> int:
         return min(capacity, max(self.limit or 0, int(self.start_fraction * capacity)))
@@ -146,6 +160,8 @@ class Plan:
     cut_short: list = field(default_factory=list)    # auto: (policy, step) stopped there, slower
                                                      # than the best by then (see cost.auto_plan)
     notes: list = field(default_factory=list)        # what the planner changed, for people
+    # split steps' chunks (``minilms.lms.substeps``): name -> (parent, first sample, end)
+    chunks: dict = field(default_factory=dict)
 
     def actions(self):
         """Every per-iteration action in execution order, with its step (len(steps): epilogue)."""

@@ -59,8 +59,8 @@ def pinned_blobs(live: Liveness, policy: Policy) -> list[str]:
     """The blobs ``policy`` keeps in one place for the whole run, in the schedule's order."""
     if not policy.enabled:
         return list(live.blobs)
-    return [n for n, size in live.nbytes.items() if size < policy.min_swap_bytes
-            or (policy.keep_state and n in live.persistent)]
+    return [n for n, size in live.nbytes.items() if (size < policy.min_swap_bytes
+            or (policy.keep_state and n in live.persistent)) and n not in live.family]
 
 
 # -- planning -----------------------------------------------------------------------------------
@@ -95,6 +95,13 @@ class _Planner:
         self.dirty: set = set()
         self.host_valid = set(self.live.persistent) | set(self.live.host_inputs)
         self.device_valid: set = set()
+        # split steps (``minilms.lms.substeps``): a blob and its chunks share one home, valid
+        # sample by sample: a bit mask per parent; a member is host-valid where all its are
+        self.family = live.family
+        self.host_mask = {name: mask if name in self.host_valid else 0
+                          for name, (parent, mask) in live.family.items() if name == parent}
+        for parent in self.host_mask:
+            self._refresh_host(parent)
 
     def run(self) -> Plan:
         prologue = self._place_pinned()
@@ -115,6 +122,8 @@ class _Planner:
             dirty.update(made)             # the step runs: what it makes is on the device only
             device_valid.update(made)
             host_valid.difference_update(made)
+            if self.family:
+                self._made_on_device(made)
             pending = []
             self._release_after(index, pending)
         self._epilogue(pending)
@@ -122,7 +131,7 @@ class _Planner:
         live = self.live
         return Plan(self.policy, self.pool.capacity, dict(live.blobs), pinned, prologue, plans,
                     pending, frozenset(live.persistent), tuple(live.host_inputs),
-                    tuple(live.outputs))
+                    tuple(live.outputs), chunks=dict(live.chunks))
 
     # -- pinned blobs ---------------------------------------------------------------------------
     def _place_pinned(self) -> list[Action]:
@@ -187,9 +196,15 @@ class _Planner:
         names = self.live.placing[index]   # largest first: a big blob finds a hole before the
         pending = list(names)              # small ones split the free space
         placements = 0
+        if self.family:    # first, what shares samples with this step's blobs leaves the pool,
+            for name in names:    # before any of them takes space (it is needed by this step)
+                if name in self.family and name not in self.resident:
+                    self._clear_overlaps(name, index, actions, load=name in loaded)
         while pending:
             name = pending.pop(0)
             load = name in loaded
+            if self.family and name in self.family and name not in self.resident:
+                self._clear_overlaps(name, index, actions, load=load)
             if load and name not in self.host_valid and name not in self.device_valid:
                 raise PlanError(f"step {index} ({step.name}) reads {name} before any step "
                                 "writes it: the schedule is inconsistent")
@@ -202,7 +217,9 @@ class _Planner:
             self.relocated = False
             if placements > 4 * len(names) or \
                     not self._allocate(name, index, working, actions, relocate=True):
-                raise PlanError(self._demand_message(index, name))
+                error = PlanError(self._demand_message(index, name))
+                error.step = index     # which step did not fit: splitting it may make it fit
+                raise error
             actions.append(self._action("swap_in" if load else "alloc", name))
             if load:
                 self.device_valid.add(name)
@@ -225,6 +242,9 @@ class _Planner:
             for name in live.load_lists[ahead]:
                 if name in self.resident or name not in self.host_valid:
                     continue   # resident already, or made by a step before ``ahead``
+                if self.family and name in self.family and \
+                        not self._clear_overlaps(name, index, actions, protect, load=True):
+                    continue   # a blob it overlaps is in use meanwhile: load it on demand
                 if not self._allocate(name, index, protect, actions, victims_after=ahead):
                     return   # no room: later loads would overtake this one, so stop here
                 actions.append(self._action("swap_in", name, for_step=ahead))
@@ -409,7 +429,7 @@ class _Planner:
             else:
                 need = self.live.need_after(name, index) if name in working else needs[name]
                 block_cost = INFINITY if need <= victims_after else 0.0 if need == INFINITY \
-                    else length * (2 if name in dirty else 1) / (need - index)
+                    else length * (2 if name in dirty else 1) / max(need - index, 1)
             lengths.append(length)
             costs.append(block_cost)
             if block_cost == INFINITY:           # an unmovable blob: no window spans it
@@ -436,6 +456,10 @@ class _Planner:
         if name in self.dirty and needed:
             kind = "swap_out"
             self.host_valid.add(name)
+            if self.family and name in self.family:
+                parent, mask = self.family[name]
+                self.host_mask[parent] |= mask
+                self._refresh_host(parent)
         else:
             kind, why = "drop", why if needed else "dead"
         actions.append(Action.make(kind, name, self.nbytes[name], slot.offset, slot.nbytes,
@@ -447,6 +471,40 @@ class _Planner:
         if name in self.pinned:     # only relocation moves one: the bottom is no longer solid
             self.pinned_end = 0
         self.pool.free(slot)
+
+    # -- a blob and its chunks ------------------------------------------------------------------
+    def _refresh_host(self, parent: str) -> None:
+        valid = self.host_mask[parent]
+        for member in self.live.members[parent]:
+            if self.family[member][1] & valid == self.family[member][1]:
+                self.host_valid.add(member)
+            else:
+                self.host_valid.discard(member)
+
+    def _made_on_device(self, made) -> None:
+        """A step wrote these: the samples they hold are stale on the host, for every blob of
+        the family."""
+        touched = set()
+        for name in made:
+            if name in self.family:
+                parent, mask = self.family[name]
+                self.host_mask[parent] &= ~mask
+                touched.add(parent)
+        for parent in touched:
+            self._refresh_host(parent)
+
+    def _clear_overlaps(self, name: str, index: int, actions: list, protect=(),
+                        load: bool = False) -> bool:
+        """Before ``name`` is placed, no blob that shares samples with it stays resident: one
+        copy of each sample on the device at a time, so a copy is never stale. A dirty one goes
+        home first if ``name`` is to be loaded (its samples are the newest), or if they are
+        needed later. False, and nothing done, if one is in ``protect``."""
+        resident = [r for r in self.live.overlapping[name] if r in self.resident]
+        if any(r in protect for r in resident):
+            return False
+        for other in resident:
+            self._evict(other, index, actions, "overlap", needed=True if load else None)
+        return True
 
     def _action(self, kind: str, name: str, for_step: int | None = None) -> Action:
         slot = self.resident[name]

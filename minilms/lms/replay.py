@@ -127,6 +127,8 @@ class LmsExecutor(Executor):
                     blobs[name] = Blob(self.device, name, info.shape, info.dtype, info.role)
             for name in homes(plan):     # the homes the plan needs, now: none mid-iteration
                 blobs[name].ensure_home()
+            for name, (parent, n0, n1) in plan.chunks.items():   # split steps' chunks
+                blobs[name].share_home(blobs[parent].ensure_home()[n0:n1])
             self.programs[key] = Program(net, plan, blobs, train)
         return self.programs[key]
 
@@ -136,6 +138,7 @@ class LmsExecutor(Executor):
         if self.current is not None:
             self.flush()
         self.current, self.net, self.blobs = program, program.net, program.blobs
+        self._parents = {parent for parent, _, _ in program.plan.chunks.values()}
         self.device.synchronize()
         if events.listening:   # the trace learns the plan it is about to see replayed
             events.emit("plan", program.plan.policy.describe(), program.plan.capacity,
@@ -236,6 +239,8 @@ class LmsExecutor(Executor):
         if kind == "swap_in":
             if self.reducer is not None:
                 self.reducer.finish(blob.name)      # a gradient: wait for its average
+            if action.blob in self.current.plan.chunks or blob.name in self._parents:
+                blob.state = State.HOST     # its home's rows were written through another blob
             if blob.state is not State.HOST:
                 raise RuntimeError(f"plan mismatch: swap-in of {blob.name} in state "
                                    f"{blob.state.value}: its host copy is not the newest")
