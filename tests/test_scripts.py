@@ -1,5 +1,6 @@
 """Smoke runs of the benchmark scripts at tiny size: they run and report what they promise.
 Their numbers are never asserted (no absolute times in CI)."""
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -61,3 +62,4 @@ def test_bench_capacity_smoke(capsys, tmp_path):
     assert "LMS off needs" in out and "LMS least pool" in out and "GoogLeNet" in out
     assert "Off      out of memory: out of device memory at step" in out   # scenario B, LMS off
     assert out.count("Default  trains") == 2 and (tmp_path / "c.png").stat().st_size > 10_000
+    assert "split floor" in out and re.search(r"split pool .*: +[1-9]\d* steps split", out)

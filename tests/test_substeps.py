@@ -11,10 +11,9 @@ from hypothesis import strategies as st
 
 from minilms import zoo
 from minilms.config import load_config
-from minilms.errors import ConfigError, PlanError
 from minilms.device import make_device
-from minilms.lms import LmsExecutor, Policy, least_pool
-from minilms.lms import cost
+from minilms.errors import ConfigError, PlanError
+from minilms.lms import LmsExecutor, Policy, cost, least_pool
 from minilms.lms.bounds import least_split_pool, working_set_bytes
 from minilms.lms.check import check_plan
 from minilms.lms.executor import ResidentExecutor
@@ -27,8 +26,10 @@ from minilms.lms.substeps import (
 )
 from minilms.solver import SGD
 
-from .test_lms import DAG, make_net, reference, train
+from .devices import new_device
+from .layers.conftest import small_gemm_tile  # noqa: F401  (a fixture: small tiles in the simulator)
 from .test_executor import batch
+from .test_lms import DAG, make_net, reference, train
 from .test_plan import build
 
 NETS = {
@@ -228,3 +229,51 @@ def test_a_bad_split_knob_names_the_key(tmp_path):
         load_config(config)
     with pytest.raises(ConfigError, match="lms.split"):
         Policy(split="sometimes")
+
+
+@pytest.mark.cuda
+@pytest.mark.usefixtures("small_gemm_tile")
+def test_cuda_training_with_every_step_split_is_lms_off_within_tolerance(monkeypatch):
+    """The cuda device (the simulator without a GPU): a tiny net with batch norm, every step
+    split in two, two iterations against the resident executor on cuda: its kernels' split
+    sums (batch norm's per-thread carries) and the chunk blobs' copies."""
+    layers = [
+        {"name": "conv", "type": "Convolution", "bottom": "data", "top": "c", "num_output": 2,
+         "kernel_size": 3, "pad": 1},
+        {"name": "bn", "type": "BatchNorm", "bottom": "c", "top": "b"},
+        {"name": "relu", "type": "ReLU", "bottom": "b", "top": "b"},
+        {"name": "pool", "type": "Pooling", "bottom": "b", "top": "p", "pool": "max",
+         "kernel_size": 2},
+        {"name": "fc", "type": "InnerProduct", "bottom": "p", "top": "fc", "num_output": 3},
+        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["fc", "label"], "top": "loss"},
+    ]
+
+    def split_everything(net, steps, capacity, policy, plan):
+        return plan(split_all(net, steps, 2, any(s.kind == "backward" for s in steps)))
+    monkeypatch.setattr(cost, "plan_split", split_everything)
+    inputs = batch(2, 1, 4, classes=3)
+    solver = lambda: SGD(0.1, momentum=0.9)   # noqa: E731
+    expected = reference(layers, [inputs], solver, "cuda", iterations=1)
+    net = make_net(layers, inputs)
+    split = split_all(net, net.schedule(("momentum",)), 2)
+    with new_device("cuda", max(working_set_bytes(net, s) for s in split) * 3) as device:
+        executor = LmsExecutor(make_net(layers, inputs), device, solver(), Policy(prefetch=1))
+        assert executor.plan.chunks
+        assert_close(train(executor, [inputs], iterations=1), expected)
+
+
+def test_the_trace_says_which_steps_were_split():
+    from minilms import trace
+    layers = zoo.resnet(18, num_classes=4, width=16)
+    inputs = batch(8, 3, 32, classes=4)
+    net = make_net(layers, inputs)
+    capacity = least_split_pool(net, net.schedule(("momentum",)))
+    with make_device("cpu", capacity) as device:
+        executor = LmsExecutor(make_net(layers, inputs), device, SGD(0.01, momentum=0.9))
+        with trace.record(executor) as recorded:
+            executor.iterate(inputs)
+    counts = split_counts([s.step for s in executor.plan.steps])
+    line = [ln for ln in recorded.summary().splitlines() if ln.startswith("split")]
+    assert counts and line
+    for name, chunks in counts.items():
+        assert f"{name} in {chunks}" in line[0]

@@ -148,9 +148,10 @@ def report(config, link=None, summary: bool = False, least_split: bool = False) 
         out += ["", table(layer_rows(net, plan)), ""]
     timeline = simulate(plan, net, model)
     planned = [step_plan.step for step_plan in plan.steps]     # split steps as sub-steps
-    no_prefetch = simulate(make_plan(net, planned, capacity, replace(plan.policy, prefetch=0,
-                                                                     policy="manual")), net, model) \
-        if plan.policy.enabled and plan.policy.prefetch else timeline
+    no_prefetch = timeline
+    if plan.policy.enabled and plan.policy.prefetch:
+        without = replace(plan.policy, prefetch=0, policy="manual")
+        no_prefetch = simulate(make_plan(net, planned, capacity, without), net, model)
     fits = "fits" if everything <= capacity else "does not fit"
     out += [f"LMS off needs        {format_bytes(everything):>12}  ({fits} in "
             f"{format_bytes(capacity)})",

@@ -20,8 +20,8 @@ from ..kernels.common import launch, view
 from ..kernels.registry import cuda_kernel
 from ..kernels.softmax import accuracy
 from .base import BufferSpec, Layer, ShapeError, register
-from .split import ACCUMULATE, ONCE, Pass, Phase, SplitRule
 from .recompute import Recompute
+from .split import ACCUMULATE, ONCE, Pass, Phase, SplitRule
 
 
 @cuda_kernel("void(int32[::1], int64, float32[::1])", "void(int32[::1], int64, float64[::1])",

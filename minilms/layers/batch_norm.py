@@ -53,8 +53,8 @@ from ..kernels.common import block_sum, launch, view
 from ..kernels.elementwise import fill
 from ..kernels.registry import cuda_kernel, on_cpu
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
-from .split import ONCE, STATISTICS, Pass, Phase, SplitRule, samples
 from .recompute import Recompute
+from .split import ONCE, STATISTICS, Pass, Phase, SplitRule, samples
 
 THREADS = 256   # one block per channel, as in kernels.batchnorm
 

@@ -7,8 +7,8 @@ Neither reads a forward blob. The copy kernel
 """
 from ..kernels.elementwise import slice_copy
 from .base import Layer, ShapeError, register
-from .split import SAMPLE_WISE
 from .recompute import DETERMINISTIC, Recompute
+from .split import SAMPLE_WISE
 
 
 @register

@@ -52,8 +52,8 @@ from ..kernels.elementwise import fill, slice_copy
 from ..kernels.gemm import gemm
 from ..kernels.im2col import col2im, conv_out_size, im2col
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
-from .split import ACCUMULATE, Pass, Phase, SplitRule, samples
 from .recompute import Recompute
+from .split import ACCUMULATE, Pass, Phase, SplitRule, samples
 
 MiB = 2**20
 ENGINES = ("auto", "reference")

@@ -26,8 +26,8 @@ from ..kernels import on_cpu
 from ..kernels.elementwise import dropout_backward, dropout_forward, dropout_mask
 from .base import BufferSpec, Layer, ShapeError, register
 from .flatten import copy_flat
-from .split import SplitRule, samples
 from .recompute import Recompute
+from .split import SplitRule, samples
 
 
 def to_device(host: np.ndarray, dst, stream=None) -> None:

@@ -9,8 +9,8 @@ import math
 
 from ..kernels.elementwise import eltwise_sum, scale
 from .base import Layer, ShapeError, register
-from .split import SAMPLE_WISE
 from .recompute import DETERMINISTIC, Recompute
+from .split import SAMPLE_WISE
 
 
 @register

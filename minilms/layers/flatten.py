@@ -6,8 +6,8 @@ import numpy as np
 
 from ..kernels import on_cpu
 from .base import Layer, register
-from .split import SAMPLE_WISE
 from .recompute import DETERMINISTIC, Recompute
+from .split import SAMPLE_WISE
 
 
 def copy_flat(src, dst, stream=None) -> None:

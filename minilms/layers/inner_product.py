@@ -15,8 +15,8 @@ import numpy as np
 from ..kernels.elementwise import fill
 from ..kernels.gemm import gemm
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
-from .split import ACCUMULATE, SAMPLES, Pass, Phase, SplitRule
 from .recompute import Recompute
+from .split import ACCUMULATE, SAMPLES, Pass, Phase, SplitRule
 
 ONES_ROWS = 1024  # the most rows one bias gemm covers: bounds the workspace, whatever the batch
 

@@ -35,8 +35,8 @@ from ..kernels.pooling import (
     pool_output_size,
 )
 from .base import BufferSpec, Layer, ShapeError, register
-from .split import SplitRule, samples
 from .recompute import DETERMINISTIC, Recompute
+from .split import SplitRule, samples
 
 _KINDS = {"max": "max", "ave": "ave", "avg": "ave"}
 

@@ -5,8 +5,8 @@ its bottom) needs nothing else kept: the planner drops the input.
 """
 from ..kernels.elementwise import relu_backward, relu_forward
 from .base import Layer, register
-from .split import SAMPLE_WISE
 from .recompute import DETERMINISTIC, Recompute
+from .split import SAMPLE_WISE
 
 
 @register

@@ -31,8 +31,8 @@ from ..kernels.elementwise import fill, scale
 from ..kernels.registry import cuda_kernel
 from ..kernels.softmax import batch_mean, softmax_xent_backward, softmax_xent_forward
 from .base import BufferSpec, Layer, ShapeError, register
-from .split import ACCUMULATE, ONCE, Pass, Phase, SplitRule, samples
 from .recompute import Recompute
+from .split import ACCUMULATE, ONCE, Pass, Phase, SplitRule, samples
 
 
 @cuda_kernel("void(float32[::1], float32[::1])", "void(float64[::1], float64[::1])")

@@ -56,6 +56,20 @@ def _percent(part, whole) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
+def split_steps(names: list) -> dict:
+    """``{"forward bn1": chunks}`` for the steps a plan split along the batch, from its step
+    names (a sub-step is ``"forward bn1 [sum_x 0:4]"``: ``minilms.lms.substeps.Part.label``)."""
+    ranges: dict = {}
+    for name in names:
+        if name.endswith("]") and " [" in name:
+            whole, part = name[:-1].split(" [", 1)
+            chunk = part.rsplit(" ", 1)[-1] if " " in part else None
+            ranges.setdefault(whole, set())
+            if chunk is not None:
+                ranges[whole].add(chunk)
+    return {whole: len(chunks) for whole, chunks in ranges.items()}
+
+
 def summary_text(trace, table: bool = False, top: int | None = 20) -> str:
     fold, plan = trace._update(), trace.main_plan
     kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(fold.iterations.items())) or "none"
@@ -64,6 +78,10 @@ def summary_text(trace, table: bool = False, top: int | None = 20) -> str:
            f"{len(trace.events)} events kept over {span:.3f} s"]
     if plan:
         out.append(f"plan          {plan.policy}")
+        split = split_steps(plan.steps)
+        if split:
+            out.append("split         " + ", ".join(f"{name} in {chunks}"
+                                                     for name, chunks in split.items()))
     capacity, least = trace.capacity, plan.least_pool if plan else None
     pool = [f"capacity {format_bytes(capacity)}" if capacity else "capacity unknown"]
     if least:
