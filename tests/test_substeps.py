@@ -161,7 +161,7 @@ def test_training_with_every_step_split_is_lms_off_within_tolerance(monkeypatch,
     the accuracy included), in a pool that makes the chunks travel: one iteration gives LMS
     off's loss and weights within float tolerance, three its losses within 1e-3, and two runs
     the same bits."""
-    def split_everything(net, steps, capacity, policy, plan):
+    def split_everything(net, steps, capacity, policy, plan, **weigh):
         train_steps = any(s.kind == "backward" for s in steps)
         return plan(split_all(net, steps, chunks, train_steps))
     monkeypatch.setattr(cost, "plan_split", split_everything)
@@ -248,7 +248,7 @@ def test_cuda_training_with_every_step_split_is_lms_off_within_tolerance(monkeyp
         {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["fc", "label"], "top": "loss"},
     ]
 
-    def split_everything(net, steps, capacity, policy, plan):
+    def split_everything(net, steps, capacity, policy, plan, **weigh):
         return plan(split_all(net, steps, 2, any(s.kind == "backward" for s in steps)))
     monkeypatch.setattr(cost, "plan_split", split_everything)
     inputs = batch(2, 1, 4, classes=3)
@@ -277,3 +277,19 @@ def test_the_trace_says_which_steps_were_split():
     assert counts and line
     for name, chunks in counts.items():
         assert f"{name} in {chunks}" in line[0]
+
+
+def test_more_chunks_are_kept_only_where_the_model_predicts_them_faster(monkeypatch):
+    """``auto`` weighs twice as many chunks against the fewest that fit, by the cost model's
+    predicted time: with a model that calls every copy slow and every step free, the plan that
+    moves fewer bytes wins, whichever it is; and the plan kept is one of the two."""
+    net, steps = NETS["resnet18/16"](8)
+    capacity = least_split_pool(net, steps) * 5 // 4
+    fewest = cost.plan_for(net, steps, capacity, Policy())
+    model = cost.CostModel(1e30, 1e30, 1e6, "copies only")
+    weighed = cost.plan_for(net, steps, capacity, Policy(), model)
+    check_plan(weighed)
+    moved = lambda p: p.bytes_moved("h2d") + p.bytes_moved("d2h")   # noqa: E731
+    assert moved(weighed) <= moved(fewest)
+    chunks = lambda p: sorted(split_counts([s.step for s in p.steps]).values())   # noqa: E731
+    assert chunks(weighed) in (chunks(fewest), sorted(min(2 * k, 8) for k in chunks(fewest)))

@@ -340,9 +340,11 @@ def make_plan_error(net: Net, steps: list[Step], capacity: int) -> PlanError:
 def plan_for(net: Net, steps: list[Step], capacity: int, policy: Policy,
              model: CostModel | None = None) -> Plan:
     """``make_plan`` for manual knobs, ``auto_plan`` for ``policy: auto``."""
+    seconds = None if model is None else (lambda plan: simulate(plan, net, model).seconds)
     if policy.enabled and policy.policy == "auto":
         model = model or CostModel.for_device("cpu")
         return plan_split(net, steps, capacity, policy, lambda schedule: auto_plan(
-            net, schedule, capacity, model, policy.reduce_grads))
+            net, schedule, capacity, model, policy.reduce_grads), seconds=seconds)
     return plan_split(net, steps, capacity, policy,
-                      lambda schedule: make_plan(net, schedule, capacity, policy))
+                      lambda schedule: make_plan(net, schedule, capacity, policy),
+                      seconds=seconds)

@@ -181,13 +181,16 @@ def split_schedule(net: Net, steps: list[Step], counts: dict, train: bool,
 
 
 def plan_split(net: Net, steps: list[Step], capacity: int, policy, plan, fill: float = 1.0,
-               eager: bool = False) -> Plan:
+               eager: bool = False, seconds=None) -> Plan:
     """``plan(schedule)`` of ``steps`` (the planner, or ``policy: auto``'s search), with the
     steps that do not fit split along the batch (``lms.split``): first those whose working set
     is over ``fill`` of the pool, into as few chunks as the bytes say fit; then, while planning
     fails at a step that can split, that step into more (one more up to four, then half as
     many again; ``eager``: twice as many, for a search that asks only whether anything fits).
-    Raises the planner's error where no split helps."""
+    With ``seconds`` (a plan's predicted iteration time), twice as many chunks everywhere is
+    weighed too: smaller chunks leave room around a huge step, which can save more copies than
+    the extra sub-steps cost; the faster plan is kept. Raises the planner's error where no
+    split helps."""
     try:
         return plan(steps)
     except PlanError:
@@ -216,9 +219,27 @@ def plan_split(net: Net, steps: list[Step], capacity: int, policy, plan, fill: f
             more = 2 * now if eager else now + 1 if now < 4 else -(-now * 3 // 2)
             counts[position] = min(more, most_chunks(net, step, policy))
             continue
+        if seconds is not None:
+            made, counts = _weigh_more_chunks(net, steps, counts, train, policy, plan, seconds,
+                                              made)
         split = ", ".join(f"{steps[p].name} in {k}" for p, k in sorted(counts.items()))
         made.notes.append(f"split along the batch to fit {format_bytes(capacity)}: {split}")
         return made
+
+
+def _weigh_more_chunks(net, steps, counts, train, policy, plan, seconds, made):
+    """``made`` and its counts, or the plan with every split step in twice as many chunks if
+    the cost model predicts it faster."""
+    more = {p: min(2 * k, most_chunks(net, steps[p], policy)) for p, k in counts.items()}
+    if more == counts:
+        return made, counts
+    try:
+        other = plan(split_schedule(net, steps, more, train))
+    except PlanError:
+        return made, counts
+    if seconds(other) < seconds(made):
+        return other, more
+    return made, counts
 
 
 def share_of_flops(layer, part: Part) -> float:
