@@ -293,3 +293,100 @@ def test_more_chunks_are_kept_only_where_the_model_predicts_them_faster(monkeypa
     assert moved(weighed) <= moved(fewest)
     chunks = lambda p: sorted(split_counts([s.step for s in p.steps]).values())   # noqa: E731
     assert chunks(weighed) in (chunks(fewest), sorted(min(2 * k, 8) for k in chunks(fewest)))
+
+
+@st.composite
+def random_nets(draw):
+    """A random small net of the layer types that split: convolutions, batch norm, ReLU and
+    dropout (in place or not), max and average pooling, a residual sum, an inception-style
+    concat; then an inner product, the loss and the accuracy. ``(layers, n, c, size)``."""
+    channels, size = draw(st.integers(1, 3)), draw(st.sampled_from([4, 6, 8]))
+    input_channels, layers, current = channels, [], "data"
+
+    def conv(name, bottom, outputs, kernel):
+        layers.append({"name": name, "type": "Convolution", "bottom": bottom, "top": name,
+                       "num_output": outputs, "kernel_size": kernel, "pad": kernel // 2})
+    for i in range(draw(st.integers(1, 6))):
+        kind, name = draw(st.sampled_from(["conv", "relu", "bn", "pool", "sum", "concat",
+                                           "dropout"])), f"l{i}"
+        if kind == "conv":
+            channels = draw(st.integers(1, 4))
+            conv(name, current, channels, draw(st.sampled_from([1, 3])))
+        elif kind in ("relu", "dropout"):
+            top = current if current != "data" and draw(st.booleans()) else name
+            layers.append({"name": name, "type": "ReLU" if kind == "relu" else "Dropout",
+                           "bottom": current, "top": top, **({"ratio": 0.3}
+                                                              if kind == "dropout" else {})})
+        elif kind == "bn":
+            layers.append({"name": name, "type": "BatchNorm", "bottom": current, "top": name})
+        elif kind == "pool" and size >= 4:
+            layers.append({"name": name, "type": "Pooling", "bottom": current, "top": name,
+                           "pool": draw(st.sampled_from(["max", "ave"])), "kernel_size": 2,
+                           "stride": 2})
+            size //= 2
+        elif kind == "sum":
+            conv(f"{name}_b", current, channels, 3)
+            layers.append({"name": name, "type": "Eltwise", "bottom": [current, f"{name}_b"],
+                           "top": name})
+        elif kind == "concat":
+            extra = draw(st.integers(1, 3))
+            conv(f"{name}_b", current, extra, 1)
+            layers.append({"name": name, "type": "Concat", "bottom": [current, f"{name}_b"],
+                           "top": name})
+            channels += extra
+        else:
+            continue
+        current = layers[-1]["top"]
+    layers += [{"name": "fc", "type": "InnerProduct", "bottom": current, "top": "fc",
+                "num_output": 3},
+               {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["fc", "label"],
+                "top": "loss"},
+               {"name": "acc", "type": "Accuracy", "bottom": ["fc", "label"], "top": "acc"}]
+    return layers, draw(st.integers(2, 5)), input_channels, size * (2 ** sum(
+        1 for layer in layers if layer["type"] == "Pooling"))
+
+
+def random_counts(data, net, steps, train=True):
+    n = net.inputs["data"][0][0]
+    return {i: data.draw(st.integers(2, n)) for i, s in enumerate(steps)
+            if splittable(net, s, train) and data.draw(st.booleans())}
+
+
+@settings(max_examples=150, deadline=None)
+@given(spec=random_nets(), data=st.data(), prefetch=st.integers(0, 2),
+       limit=st.sampled_from([None, 1 << 40]), scale=st.floats(1.0, 2.0))
+def test_random_nets_with_random_splits_replay_correctly(spec, data, prefetch, limit, scale):
+    """Random nets, random steps split into random chunk counts, random knobs and pools: every
+    plan passes the replay checker, or the planner says it does not fit."""
+    layers, n, c, size = spec
+    net, steps = build(layers, n, c, size)
+    split = split_schedule(net, steps, random_counts(data, net, steps), True)
+    capacity = int(max(working_set_bytes(net, s) for s in split) * scale) + 2048
+    try:
+        plan = make_plan(net, split, capacity, Policy(prefetch=prefetch, limit=limit))
+    except PlanError as error:
+        assert "out of device memory" in str(error)
+        return
+    check_plan(plan)
+
+
+@settings(max_examples=30, deadline=None)
+@given(spec=random_nets(), data=st.data())
+def test_random_nets_with_random_splits_train_as_lms_off(spec, data):
+    """Random nets with random steps split: one iteration gives LMS off's loss and weights
+    within the tolerance of ``assert_close``, and evaluation the same loss."""
+    layers, n, c, size = spec
+    inputs = batch(n, c, size, classes=3, seed=data.draw(st.integers(0, 99)))
+    net = make_net(layers, inputs)
+    counts = random_counts(data, net, net.schedule(("momentum",)))
+
+    def split_these(net, steps, capacity, policy, plan, **weigh):
+        train_steps = any(s.kind == "backward" for s in steps)
+        return plan(split_schedule(net, steps, counts if train_steps else {}, train_steps))
+    solver = lambda: SGD(0.05, momentum=0.9)   # noqa: E731
+    expected = reference(layers, [inputs], solver, iterations=1)
+    with pytest.MonkeyPatch.context() as patch, make_device("cpu", 64 << 20) as device:
+        patch.setattr(cost, "plan_split", split_these)
+        executor = LmsExecutor(make_net(layers, inputs), device, solver(), Policy())
+        assert bool(executor.plan.chunks) == bool(counts)
+        assert_close(train(executor, [inputs], iterations=1), expected)
