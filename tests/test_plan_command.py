@@ -119,3 +119,22 @@ def test_the_host_memory_line_on_cuda_is_pinned_homes_and_no_pool(capsys):
     assert found, line
     pinned, pageable, homes = (size(g) for g in found.groups())
     assert pinned == homes > 0 and abs(pageable - 4 * (32 * 3 * 32 * 32 * 4 + 32 * 4)) < 2**14
+
+
+def test_steps_split_where_they_do_not_fit(capsys):
+    """Below the least pool with whole steps, the plan splits steps along the batch: a note names
+    them and their chunks, the table gets a ``split`` column, and the floor line says what sets
+    it; ``--least-split`` searches for the least pool itself, at or above the floor."""
+    config = CONFIGS[0].parent / "quickstart.yaml"
+    code, out, err = plan(capsys, config, "device.memory=6MiB", "--least-split")
+    assert code == 0, err
+    note = [line for line in out.splitlines() if line.startswith("note: split along the batch")]
+    assert note and re.search(r"(forward|backward) \w+ in \d+", note[0])
+    header = [line for line in out.splitlines() if line.startswith("layer ")]
+    assert header and header[0].split()[-1] == "split"
+    searched = re.search(r"least pool, split +([\d.]+) MiB +\(searched; floor ([\d.]+) MiB, set "
+                         r"by one chunk of (forward|backward) \w+", out)
+    assert searched and float(searched.group(1)) >= float(searched.group(2))
+    assert float(searched.group(1)) <= 6
+    code, out, _ = plan(capsys, config, "device.memory=6MiB", "lms.split=off")
+    assert code == 2
