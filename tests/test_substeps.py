@@ -234,30 +234,19 @@ def test_a_bad_split_knob_names_the_key(tmp_path):
 @pytest.mark.cuda
 @pytest.mark.usefixtures("small_gemm_tile")
 def test_cuda_training_with_every_step_split_is_lms_off_within_tolerance(monkeypatch):
-    """The cuda device (the simulator without a GPU): a tiny net with batch norm, every step
-    split in two, two iterations against the resident executor on cuda: its kernels' split
-    sums (batch norm's per-thread carries) and the chunk blobs' copies."""
-    layers = [
-        {"name": "conv", "type": "Convolution", "bottom": "data", "top": "c", "num_output": 2,
-         "kernel_size": 3, "pad": 1},
-        {"name": "bn", "type": "BatchNorm", "bottom": "c", "top": "b"},
-        {"name": "relu", "type": "ReLU", "bottom": "b", "top": "b"},
-        {"name": "pool", "type": "Pooling", "bottom": "b", "top": "p", "pool": "max",
-         "kernel_size": 2},
-        {"name": "fc", "type": "InnerProduct", "bottom": "p", "top": "fc", "num_output": 3},
-        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["fc", "label"], "top": "loss"},
-    ]
-
+    """The cuda device (the simulator without a GPU): the residual + inception net with batch
+    norm and dropout, every step split in two, one iteration against the resident executor on
+    cuda: its kernels' split sums (batch norm's per-thread carries), the chunk blobs' copies."""
     def split_everything(net, steps, capacity, policy, plan, **weigh):
         return plan(split_all(net, steps, 2, any(s.kind == "backward" for s in steps)))
     monkeypatch.setattr(cost, "plan_split", split_everything)
-    inputs = batch(2, 1, 4, classes=3)
+    inputs = batch(2, 2, 6, classes=3)
     solver = lambda: SGD(0.1, momentum=0.9)   # noqa: E731
-    expected = reference(layers, [inputs], solver, "cuda", iterations=1)
-    net = make_net(layers, inputs)
+    expected = reference(DAG, [inputs], solver, "cuda", iterations=1)
+    net = make_net(DAG, inputs)
     split = split_all(net, net.schedule(("momentum",)), 2)
     with new_device("cuda", max(working_set_bytes(net, s) for s in split) * 3) as device:
-        executor = LmsExecutor(make_net(layers, inputs), device, solver(), Policy(prefetch=1))
+        executor = LmsExecutor(make_net(DAG, inputs), device, solver(), Policy(prefetch=1))
         assert executor.plan.chunks
         assert_close(train(executor, [inputs], iterations=1), expected)
 
