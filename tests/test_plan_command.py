@@ -138,3 +138,21 @@ def test_steps_split_where_they_do_not_fit(capsys):
     assert float(searched.group(1)) <= 6
     code, out, _ = plan(capsys, config, "device.memory=6MiB", "lms.split=off")
     assert code == 2
+
+
+def test_recompute_shows_per_layer_and_in_the_totals(capsys):
+    """With ``lms.recompute`` a list of layer types, the table gets a column of the FLOPs each
+    layer runs again, and the totals say how many blobs are rebuilt, the compute added and the
+    bytes no longer moved against the same plan without recompute."""
+    config = CONFIGS[0].parent / "quickstart.yaml"
+    code, out, err = plan(capsys, config, "device.memory=9MiB",
+                          "lms.recompute=[BatchNorm, ReLU, Pooling]")
+    assert code == 0, err
+    header = [line for line in out.splitlines() if line.startswith("layer ")][0]
+    assert header.endswith("rerun FLOPs")
+    assert re.search(r"recompute +\d+  blobs rebuilt by \d+ forwards run again: [\d.]+ GFLOP, "
+                     r"[\d.]+ ms of compute added per iteration \(predicted\)", out)
+    assert re.search(r"against none +-?[\d.]+ [KMG]?i?B  fewer bytes moved", out)
+    assert "recompute [BatchNorm, ReLU, Pooling]" in out
+    code, out, _ = plan(capsys, config, "device.memory=9MiB")
+    assert "recompute" not in out

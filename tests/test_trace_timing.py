@@ -268,17 +268,17 @@ def crafted_trace(training: int = 3) -> trace.Trace:
 # The first training iteration, worked out from STEPS' first column: conv1 200 + 24 + 2 = 226,
 # conv2 40 + 30 + 2 = 72, fc 10 + 6 + 4 = 20, loss 5 + 1 = 6, relu1 1 + 1 = 2, relu2 1 + 1 = 2;
 # the steps 328 (forward 257, backward 63, update 8); stalled 5; wall 328 + 5 + 3 = 336.
-FIRST = trace.PhaseTime("train", 1, True, 336 * U, 257 * U, 63 * U, 8 * U, 5 * U)
-FIRST_LAYERS = [trace.LayerTime(layer, kind, f * U, b * U, u * U, (f + b + u) / 328)
+FIRST = trace.PhaseTime("train", 1, True, 336 * U, 257 * U, 0.0, 63 * U, 8 * U, 5 * U)
+FIRST_LAYERS = [trace.LayerTime(layer, kind, f * U, 0.0, b * U, u * U, (f + b + u) / 328)
                 for layer, kind, f, b, u in [
                     ("conv1", "Convolution", 200, 24, 2), ("conv2", "Convolution", 40, 30, 2),
                     ("fc", "InnerProduct", 10, 6, 4), ("loss", "SoftmaxWithLoss", 5, 1, 0),
                     ("relu1", "ReLU", 1, 1, 0), ("relu2", "ReLU", 1, 1, 0)]]
-FIRST_TYPES = [trace.TypeTime("Convolution", 2, 240 * U, 54 * U, 4 * U, 298 / 328),
-               trace.TypeTime("InnerProduct", 1, 10 * U, 6 * U, 4 * U, 20 / 328),
-               trace.TypeTime("SoftmaxWithLoss", 1, 5 * U, U, 0.0, 6 / 328),
-               trace.TypeTime("ReLU", 2, 2 * U, 2 * U, 0.0, 4 / 328)]
-EVALUATION = trace.PhaseTime("eval", 1, True, 70 * U, 64 * U, 0.0, 0.0, 0.0)   # the only one
+FIRST_TYPES = [trace.TypeTime("Convolution", 2, 240 * U, 0.0, 54 * U, 4 * U, 298 / 328),
+               trace.TypeTime("InnerProduct", 1, 10 * U, 0.0, 6 * U, 4 * U, 20 / 328),
+               trace.TypeTime("SoftmaxWithLoss", 1, 5 * U, 0.0, U, 0.0, 6 / 328),
+               trace.TypeTime("ReLU", 2, 2 * U, 0.0, 2 * U, 0.0, 4 / 328)]
+EVALUATION = trace.PhaseTime("eval", 1, True, 70 * U, 64 * U, 0.0, 0.0, 0.0, 0.0)   # the only one
 
 
 def test_known_step_times_give_the_means_and_shares_worked_out_by_hand(tmp_path, capsys):
@@ -289,17 +289,19 @@ def test_known_step_times_give_the_means_and_shares_worked_out_by_hand(tmp_path,
     outside 41 - 37 - 1 = 3. The first iteration (FIRST) counts only when asked for, or in all
     three; the evaluation's 64 units of conv1 count nowhere."""
     tr = crafted_trace()
-    assert tr.time_by_phase() == trace.PhaseTime("train", 2, False, 41 * U, 14 * U, 19 * U, 4 * U,
-                                                 U)
+    assert tr.time_by_phase() == trace.PhaseTime("train", 2, False, 41 * U, 14 * U, 0.0, 19 * U,
+                                                 4 * U, U)
     expected = [("conv1", "Convolution", 5, 8, 1), ("conv2", "Convolution", 3, 6, 1),
                 ("fc", "InnerProduct", 2, 2, 2), ("relu2", "ReLU", 2, 1, 0),
                 ("relu1", "ReLU", 1, 1, 0), ("loss", "SoftmaxWithLoss", 1, 1, 0)]
-    assert tr.time_table() == [trace.LayerTime(layer, kind, f * U, b * U, u * U, (f + b + u) / 37)
+    assert tr.time_table() == [trace.LayerTime(layer, kind, f * U, 0.0, b * U, u * U,
+                                               (f + b + u) / 37)
                                for layer, kind, f, b, u in expected]
-    assert tr.time_by_type() == [trace.TypeTime("Convolution", 2, 8 * U, 14 * U, 2 * U, 24 / 37),
-                                 trace.TypeTime("InnerProduct", 1, 2 * U, 2 * U, 2 * U, 6 / 37),
-                                 trace.TypeTime("ReLU", 2, 3 * U, 2 * U, 0.0, 5 / 37),
-                                 trace.TypeTime("SoftmaxWithLoss", 1, U, U, 0.0, 2 / 37)]
+    assert tr.time_by_type() == [
+        trace.TypeTime("Convolution", 2, 8 * U, 0.0, 14 * U, 2 * U, 24 / 37),
+        trace.TypeTime("InnerProduct", 1, 2 * U, 0.0, 2 * U, 2 * U, 6 / 37),
+        trace.TypeTime("ReLU", 2, 3 * U, 0.0, 2 * U, 0.0, 5 / 37),
+        trace.TypeTime("SoftmaxWithLoss", 1, U, 0.0, U, 0.0, 2 / 37)]
     assert tr.time_by_phase(which="first") == FIRST
     assert tr.time_table("train", "first") == FIRST_LAYERS
     assert tr.time_by_type(which="first") == FIRST_TYPES

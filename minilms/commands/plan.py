@@ -30,6 +30,7 @@ from ..lms.cost import plan_for, simulate
 from ..lms.host import host_memory, loader_batches, process_resident
 from ..lms.plan import Plan
 from ..lms.planner import make_plan
+from ..lms.recompute import RECOMPUTE, recomputed
 from ..sizes import format_bytes
 from .common import run
 
@@ -64,11 +65,14 @@ def layer_rows(net, plan: Plan) -> list[tuple]:
     """One row per layer; with a ``split`` column (how many chunks its forward and backward
     steps run in) when the plan splits any step along the batch."""
     owner = owners(plan)
-    split = {}
+    split, rerun = {}, {}
     for step_plan in plan.steps:
         part = step_plan.step.part
         if part is not None:
             split.setdefault(step_plan.step.layer, {})[step_plan.step.kind[0]] = part.chunks
+        if step_plan.step.kind == RECOMPUTE:
+            layer = net.layer[step_plan.step.layer]
+            rerun[layer.name] = rerun.get(layer.name, 0) + layer.flops()
     moved = {layer.name: {"h2d": 0, "d2h": 0, "pinned": 0, "ws": 0} for layer in net.layers}
     for _, action in plan.actions():
         if action.copies:
@@ -86,7 +90,9 @@ def layer_rows(net, plan: Plan) -> list[tuple]:
                      _count(count), format_bytes(m["ws"]), format_bytes(m["h2d"]),
                      format_bytes(m["d2h"]), format_bytes(m["pinned"]))
                     + ((" ".join(f"{k}x{n}" for k, n in split.get(layer.name, {}).items()),)
-                       if split else ()))
+                       if split else ())
+                    + ((f"{rerun[layer.name] / 1e6:.1f}M" if layer.name in rerun else "",)
+                       if rerun else ()))
     return rows
 
 
@@ -104,8 +110,8 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def table(rows: list[tuple]) -> str:
-    columns = COLUMNS + (("split",) if rows and len(rows[0]) > len(COLUMNS) else ())
+def table(rows: list[tuple], split: bool = False, rerun: bool = False) -> str:
+    columns = COLUMNS + (("split",) if split else ()) + (("rerun FLOPs",) if rerun else ())
     widths = [max(len(str(r[i])) for r in rows + [columns]) for i in range(len(columns))]
     lines = ["  ".join(f"{c:<{w}}" if i < 3 else f"{c:>{w}}" for i, (c, w) in
                        enumerate(zip(row, widths))).rstrip() for row in [columns] + rows]
@@ -145,7 +151,9 @@ def report(config, link=None, summary: bool = False, least_split: bool = False) 
     out.append(chosen)
     out += [f"note: {note}" for note in plan.notes]
     if not summary:
-        out += ["", table(layer_rows(net, plan)), ""]
+        kinds = {s.step.kind for s in plan.steps}
+        out += ["", table(layer_rows(net, plan), any(s.step.part for s in plan.steps),
+                          RECOMPUTE in kinds), ""]
     timeline = simulate(plan, net, model)
     planned = [step_plan.step for step_plan in plan.steps]     # split steps as sub-steps
     no_prefetch = timeline
@@ -171,8 +179,30 @@ def report(config, link=None, summary: bool = False, least_split: bool = False) 
             f"{timeline.compute_seconds * 1e3:.2f} ms, stall {timeline.stall_seconds * 1e3:.2f} "
             f"ms with prefetch {plan.policy.prefetch}; stall "
             f"{no_prefetch.stall_seconds * 1e3:.2f} ms with prefetch 0)"]
+    out += recompute_lines(net, steps, plan, capacity, model)
     out += host_lines(plan, device_kind(config), config.data.prefetch)
     return "\n".join(out)
+
+
+def recompute_lines(net, steps, plan: Plan, capacity: int, model) -> list[str]:
+    """What recomputing costs and saves: the forwards run again and their FLOPs, and the bytes
+    moved against the same policy's plan without recompute (none where nothing is rebuilt)."""
+    reruns = [s.step for s in plan.steps if s.step.kind == RECOMPUTE]
+    if not reruns:
+        return []
+    flops = sum(net.layer[step.layer].flops() for step in reruns)
+    seconds = sum(model.step_seconds(net, step) for step in reruns)
+    lines = [f"recompute            {len(recomputed(net, plan)):>12}  blobs rebuilt by "
+             f"{len(reruns)} forwards run again: {flops / 1e9:.3f} GFLOP, "
+             f"{seconds * 1e3:.2f} ms of compute added per iteration (predicted)"]
+    try:
+        without = plan_for(net, steps, capacity, replace(plan.policy, recompute="off"), model)
+    except PlanError:
+        return lines + ["  without recompute  no plan fits this pool"]
+    saved = sum(without.bytes_moved(d) - plan.bytes_moved(d) for d in ("h2d", "d2h"))
+    return lines + [f"  against none       {format_bytes(saved):>12}  fewer bytes moved per "
+                    f"iteration; predicted {simulate(without, net, model).seconds * 1e3:.2f} ms "
+                    "without"]
 
 
 def host_lines(plan: Plan, kind: str, prefetch: int) -> list[str]:

@@ -59,7 +59,9 @@ def lms_policy(config) -> Policy:
     swap = parse_size(lms.min_swap_bytes, "lms.min_swap_bytes") if lms.min_swap_bytes else 0
     return Policy(enabled=lms.enabled, policy=lms.policy, min_swap_bytes=swap, limit=limit,
                   start_fraction=lms.start_fraction, prefetch=lms.prefetch,
-                  keep_state=lms.keep_state, split=lms.split)
+                  keep_state=lms.keep_state, split=lms.split,
+                  recompute=lms.recompute if isinstance(lms.recompute, str)
+                  else tuple(lms.recompute))
 
 
 def device_kind(config) -> str:

@@ -259,7 +259,10 @@ SCHEMA = Section(
         ``prefetch``: how many steps ahead swap-ins are issued (0: on demand); ``keep_state``:
         parameters and optimizer state stay resident across iterations. ``split``: a step whose
         working set does not fit the pool runs in chunks of samples (``auto``: only such steps,
-        into as few chunks as fit; ``off``: never; a number: at most that many chunks).""",
+        into as few chunks as fit; ``off``: never; a number: at most that many chunks).
+        ``recompute``: activations rebuilt by re-running their forwards before backward reads
+        them, instead of kept or swapped (``auto``: where the cost model predicts it faster, or
+        only it fits; ``off``; a list of layer types: every activation those layers make).""",
         enabled=Field(BOOL, True),
         policy=Field(choice("auto", "manual"), "auto"),
         min_swap_bytes=Field(either(ZERO, SIZE, expected=f"{SIZE_EXPECTED}, or 0"), 0),
@@ -269,6 +272,9 @@ SCHEMA = Section(
         keep_state=Field(BOOL, False),
         split=Field(either(choice("auto", "off"), OFF, integer(1),
                            expected="auto, off, or a chunk count >= 1"), "auto"),
+        recompute=Field(either(choice("auto", "off"), OFF,
+                               list_of(STRING, "a list of layer types"),
+                               expected="auto, off, or a list of layer types"), "off"),
     ),
     solver=Section(
         """The optimizer, as PyTorch defines it: SGD (momentum, Nesterov, weight decay) or Adam

@@ -74,7 +74,8 @@ class CostModel:
 
     def step_seconds(self, net: Net, step: Step) -> float:
         layer = net.layer[step.layer]
-        flops = {"forward": 1, "backward": 2, "update": 0}[step.kind] * layer.flops()
+        flops = {"forward": 1, "recompute": 1, "backward": 2, "update": 0}[step.kind] \
+            * layer.flops()
         if step.part is not None:     # a sub-step: its chunk's share of one pass over the batch
             flops *= share_of_flops(layer, step.part)
         touched = sum(net.blobs[name].nbytes for name in set(step.blobs))
@@ -340,6 +341,22 @@ def make_plan_error(net: Net, steps: list[Step], capacity: int) -> PlanError:
 def plan_for(net: Net, steps: list[Step], capacity: int, policy: Policy,
              model: CostModel | None = None) -> Plan:
     """``make_plan`` for manual knobs, ``auto_plan`` for ``policy: auto``."""
+    if policy.enabled and policy.recompute != "off":
+        # recompute (minilms.lms.recompute) rewrites the schedule on top of this module
+        from .recompute import choose
+        plan, blobs = choose(net, steps, policy, lambda schedule: _plan_split_for(
+            net, schedule, capacity, policy, model), model)
+        plan.policy = replace(plan.policy, recompute=policy.recompute)
+        if blobs:
+            plan.notes.append(f"recompute ({plan.policy.describe().split('recompute ')[-1]}): "
+                              f"{len(blobs)} activations rebuilt before backward instead of "
+                              "kept or swapped: " + ", ".join(blobs))
+        return plan
+    return _plan_split_for(net, steps, capacity, policy, model)
+
+
+def _plan_split_for(net: Net, steps: list[Step], capacity: int, policy: Policy,
+                    model: CostModel | None) -> Plan:
     seconds = None if model is None else (lambda plan: simulate(plan, net, model).seconds)
     if policy.enabled and policy.policy == "auto":
         model = model or CostModel.for_device("cpu")

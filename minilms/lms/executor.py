@@ -19,6 +19,7 @@ from ..device.pool import align_up
 from ..errors import OutOfDeviceMemory
 from ..kernels.elementwise import accumulate
 from ..layers import StepIO
+from ..layers.recompute import rerun_forward
 from ..layers.split import add_sums, part_io
 from ..net import Net, Step
 from ..sizes import format_bytes
@@ -73,6 +74,8 @@ class Executor:
     def _dispatch(self, step: Step, train: bool, solver) -> None:
         if step.part is not None:
             self.run_part(step, train)
+        elif step.kind == "recompute":
+            self.recompute(step)
         elif step.kind == "forward":
             self.forward(step, train)
         elif step.kind == "backward":
@@ -149,6 +152,30 @@ class Executor:
                                 for p in self.net.learnable(layer)},
                     train=True, rng=self.rng, stream=self.stream())
         return io
+
+    def recompute(self, step: Step) -> None:
+        """A forward run again to rebuild its tops (``minilms.lms.recompute``): with what the
+        layer's rule says a re-run touches, and nothing else (``layers.recompute``): bottoms
+        and learnable parameters read, the saved buffers it reads or rewrites, its workspace;
+        the running statistics it leaves alone are not handed over."""
+        layer = self.net.layer[step.layer]
+        rule = type(layer).recompute
+        prefix = layer.name + "."
+        saved = {}
+        for spec in layer.saved():
+            if spec.name in rule.saved_rewrites:
+                saved[spec.name] = self._write(prefix + spec.name)
+            elif spec.name in rule.saved_reads:
+                saved[spec.name] = self._read(prefix + spec.name)
+        io = StepIO(bottom=[self._update(b) if b in layer.top else self._read(b)
+                            for b in layer.bottom],
+                    top=[self._update(t) if t in layer.bottom else self._write(t)
+                         for t in layer.top],
+                    params={p.name: self._read(prefix + p.name) if p.learnable else None
+                            for p in layer.params()},
+                    saved=saved, work=self._buffers(layer, layer.workspace(), self._write),
+                    train=True, rng=self.rng, stream=self.stream())
+        rerun_forward(layer, io)
 
     def run_part(self, step: Step, train: bool) -> None:
         """A sub-step of a split step (``minilms.lms.substeps``): the step's StepIO with each

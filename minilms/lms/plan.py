@@ -26,6 +26,9 @@ class Policy:
     # steps split along the batch where they do not fit (minilms.lms.substeps): "auto", "off",
     # or the most chunks a step may be split into
     split: object = "auto"
+    # activations rebuilt by re-running their forwards instead of kept or swapped
+    # (minilms.lms.recompute): "off", "auto", or a tuple of layer types
+    recompute: object = "off"
 
     def __post_init__(self):
         if self.policy not in ("manual", "auto"):
@@ -38,6 +41,11 @@ class Policy:
                 isinstance(self.split, int) and not isinstance(self.split, bool)
                 and self.split >= 1):
             raise ConfigError("lms.split", "auto, off, or a chunk count >= 1", self.split)
+        if self.recompute not in ("auto", "off") and not (
+                isinstance(self.recompute, tuple)
+                and all(isinstance(t, str) and t for t in self.recompute)):
+            raise ConfigError("lms.recompute", "auto, off, or a list of layer types",
+                              self.recompute)
 
     @property
     def max_chunks(self) -> int | None:
@@ -56,6 +64,9 @@ class Policy:
         return (f"LMS {self.policy}: min_swap_bytes {format_bytes(self.min_swap_bytes)}, limit "
                 f"{limit}, start_fraction {self.start_fraction:g}, prefetch {self.prefetch}, "
                 f"keep_state {str(self.keep_state).lower()}"
+                + ("" if self.recompute == "off" else ", recompute " + (
+                    self.recompute if isinstance(self.recompute, str)
+                    else "[" + ", ".join(self.recompute) + "]"))
                 + (", gradients reduced on the host" if self.reduce_grads else ""))
 
 

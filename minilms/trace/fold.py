@@ -11,7 +11,8 @@ from ..blob import ROLES
 ROLE_ORDER = ROLES + ("other",)
 BEFORE = "(before the trace)"
 KEEP_FIRST = 2         # iterations kept in full at the start: the prologue and a steady one
-PHASES = ("forward", "backward", "update")      # the kinds of step (``Step.kind``)
+# the kinds of step (``Step.kind``): a recompute re-runs a forward (``minilms.lms.recompute``)
+PHASES = ("forward", "recompute", "backward", "update")
 # Totals a trace file holds since version 2; a version 1 file lacks them (None once loaded).
 SINCE_VERSION_2 = ("times", "times_first", "times_pending")
 

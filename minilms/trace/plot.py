@@ -20,6 +20,7 @@ ROLE_COLORS = {"param": "#1f77b4", "param_grad": "#9ecae1", "activation": "#ff7f
                "activation_grad": "#fdae6b", "optimizer_state": "#9467bd",
                "workspace": "#969696", "input": "#2ca02c", "other": "#8c564b"}
 PHASE_COLORS = {"forward": "#4c78a8", "backward": "#e45756"}
+STEP_COLORS = {**PHASE_COLORS, "recompute": "#f58518"}     # a recompute's steps, in the lanes
 LANES = ("stall", "D2H", "H2D", "steps")
 
 
@@ -294,8 +295,8 @@ def _lanes(axis, trace, kernels, start, end, place) -> None:
     least = (place(end) - place(start)) * 0.0015
     rows = {lane: [] for lane in LANES}
     for kernel in kernels:
-        phase = "forward" if kernel.detail["phase"] == "forward" else "backward"
-        rows["steps"].append((kernel.detail["start"], kernel.detail["end"], PHASE_COLORS[phase]))
+        phase = kernel.detail["phase"] if kernel.detail["phase"] in STEP_COLORS else "backward"
+        rows["steps"].append((kernel.detail["start"], kernel.detail["end"], STEP_COLORS[phase]))
     for event in trace.events:
         if event.kind == "copy":
             lane = event.detail["direction"].upper()

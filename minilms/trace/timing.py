@@ -31,13 +31,14 @@ class LayerTime:
     layer: str
     type: str
     forward: float
+    recompute: float
     backward: float
     update: float
     share: float
 
     @property
     def total(self) -> float:
-        return self.forward + self.backward + self.update
+        return self.forward + self.recompute + self.backward + self.update
 
 
 @dataclass(frozen=True)
@@ -46,13 +47,14 @@ class TypeTime:
     type: str
     layers: int
     forward: float
+    recompute: float
     backward: float
     update: float
     share: float
 
     @property
     def total(self) -> float:
-        return self.forward + self.backward + self.update
+        return self.forward + self.recompute + self.backward + self.update
 
 
 @dataclass(frozen=True)
@@ -63,13 +65,14 @@ class PhaseTime:
     warmup: bool          # whether the first of them (the warm-up) is among them
     wall: float
     forward: float
+    recompute: float
     backward: float
     update: float
     stall: float
 
     @property
     def steps(self) -> float:
-        return self.forward + self.backward + self.update
+        return self.forward + self.recompute + self.backward + self.update
 
     @property
     def outside(self) -> float:
@@ -121,11 +124,10 @@ def type_times(rows: list[LayerTime]) -> list[TypeTime]:
     """``layer_times`` summed by layer type, longest total first."""
     by_type: dict = {}
     for row in rows:
-        entry = by_type.setdefault(row.type, [0, 0.0, 0.0, 0.0])
+        entry = by_type.setdefault(row.type, [0] + [0.0] * len(PHASES))
         entry[0] += 1
-        entry[1] += row.forward
-        entry[2] += row.backward
-        entry[3] += row.update
+        for i, phase in enumerate(PHASES, 1):
+            entry[i] += getattr(row, phase)
     whole = sum(sum(e[1:]) for e in by_type.values())
     out = [TypeTime(t, e[0], *e[1:], sum(e[1:]) / whole if whole else 0.0)
            for t, e in by_type.items()]
