@@ -1,5 +1,5 @@
-"""The model zoo: layer lists for LeNet, ResNet-18/34/50/101/152, GoogLeNet and the
-pre-activation ResNet-1001 (for CIFAR-sized images).
+"""The model zoo: layer lists for LeNet, ResNet-18/34/50/101/152, GoogLeNet, the
+pre-activation ResNet-1001 (for CIFAR-sized images) and a plain chain of conv-BN-ReLU blocks.
 
 Each function returns the ``model.layers`` list a config would hold, ending in a SoftmaxWithLoss
 named ``loss`` and an Accuracy named ``accuracy`` over the inputs ``data`` and ``label``. ``width``
@@ -140,6 +140,16 @@ def preact_resnet(depth: int = 1001, num_classes: int = 10, width: int = 1) -> l
     return b.head(bn_relu("post_bn", top), num_classes)
 
 
+def chain(depth: int = 64, num_classes: int = 10, width: int = 1, channels: int = 16) -> list:
+    """``depth`` plain blocks of 3x3 convolution, BatchNorm and ReLU, at one resolution: the deep
+    chain on which Chen et al. (2016) show that keeping one activation in every sqrt(N) and
+    recomputing the rest holds O(sqrt(N)) of them for one extra forward."""
+    b, top = _Builder(width), "data"
+    for i in range(1, depth + 1):
+        top = b.conv_bn(f"block{i}", top, channels, 3, pad=1)
+    return b.head(top, num_classes)
+
+
 # (1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool projection) per inception block
 INCEPTION = {"3a": (64, 96, 128, 16, 32, 32), "3b": (128, 128, 192, 32, 96, 64),
              "4a": (192, 96, 208, 16, 48, 64), "4b": (160, 112, 224, 24, 64, 64),
@@ -175,4 +185,5 @@ def googlenet(num_classes: int = 1000, width: int = 1) -> list:
 MODELS = {"lenet": lenet, "resnet18": lambda **kw: resnet(18, **kw),
           "resnet34": lambda **kw: resnet(34, **kw), "resnet50": lambda **kw: resnet(50, **kw),
           "resnet101": lambda **kw: resnet(101, **kw), "resnet152": lambda **kw: resnet(152, **kw),
-          "googlenet": googlenet, "resnet1001": lambda **kw: preact_resnet(1001, **kw)}
+          "googlenet": googlenet, "resnet1001": lambda **kw: preact_resnet(1001, **kw),
+          "chain64": chain}

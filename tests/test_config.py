@@ -138,7 +138,7 @@ TYPE_CASES = [
     ("init_weights", "true", "a non-empty string, or null", "True"),
     ("trace", "1", "true or false", "1"),
     ("model.zoo", "vgg", "one of lenet, resnet18, resnet34, resnet50, resnet101, resnet152, "
-     "googlenet, resnet1001, or null", "'vgg'"),
+     "googlenet, resnet1001, chain64, or null", "'vgg'"),
     ("model.options.num_classes", "1", "an integer >= 2, or null", "1"),
     ("model.options.width", "0", "an integer >= 1", "0"),
     ("model.layers", "5", "a non-empty list of layers, each a mapping with a name and a type, "

@@ -13,7 +13,13 @@ from minilms.lms import LmsExecutor, Policy, cost
 from minilms.lms.bounds import working_set_bytes
 from minilms.lms.check import check_plan
 from minilms.lms.planner import make_plan
-from minilms.lms.recompute import RECOMPUTE, candidates, recompute_schedule, recomputed
+from minilms.lms.recompute import (
+    RECOMPUTE,
+    candidates,
+    checkpointed,
+    recompute_schedule,
+    recomputed,
+)
 from minilms.solver import SGD
 
 from .devices import new_device
@@ -189,3 +195,84 @@ def test_a_bad_recompute_knob_names_the_key(tmp_path):
         load_config(config)
     with pytest.raises(ConfigError, match="lms.recompute"):
         Policy(recompute="sometimes")
+
+
+def live_activation_peak(net, steps) -> int:
+    """The most activation bytes live at once: a blob is live at each step that uses it and
+    between two uses where the later one reads it (not where it is written afresh, as a
+    recompute writes it): an independent walk of the schedule, no planner."""
+    uses: dict = {}
+    for position, step in enumerate(steps):
+        for name in set(step.blobs):
+            if net.blobs[name].role == "activation":
+                uses.setdefault(name, []).append(position)
+    live = [0] * len(steps)
+    for name, positions in uses.items():
+        spans = [(p, p) for p in positions]
+        spans += [(a, b) for a, b in zip(positions, positions[1:])
+                  if name in steps[b].reads + steps[b].updates]
+        for position in {p for a, b in spans for p in range(a, b + 1)}:
+            live[position] += net.blobs[name].nbytes
+    return max(live)
+
+
+def chain(depth):
+    return build(zoo.chain(depth, channels=4), 2, 3, 8)
+
+
+def test_sqrt_n_checkpoints_hold_sqrt_n_activations_for_one_extra_forward():
+    """Chen et al.'s result on plain conv-BN-ReLU chains: with sqrt(N) segments the activations
+    live at once grow as sqrt(N), not N (4x the depth: about 2x, not 4x, the bytes), for at
+    most one extra forward; the planner's plan of the rewritten schedule holds what the naive
+    walk says (and the two outputs it keeps to the end) and passes the replay checker."""
+    peaks, keep = {}, {}
+    for depth in (16, 64):
+        net, steps = chain(depth)
+        found = candidates(net, steps)
+        blobs = checkpointed(net, found, round(len(found) ** 0.5))
+        rewritten = recompute_schedule(net, steps, blobs)
+        forward = sum(net.layer[s.layer].flops() for s in steps if s.kind == "forward")
+        assert sum(net.layer[s.layer].flops() for s in rewritten if s.kind == RECOMPUTE) <= forward
+        peaks[depth], keep[depth] = (live_activation_peak(net, rewritten),
+                                     live_activation_peak(net, steps))
+        plan = make_plan(net, rewritten, 1 << 26, Policy(limit=1 << 26, keep_state=True))
+        check_plan(plan)
+        held = max(sum(net.blobs[b].nbytes for b in s.resident
+                       if net.blobs[b].role == "activation") for s in plan.steps)
+        outputs = sum(net.blobs[b].nbytes for b in plan.outputs)    # loss, accuracy: kept
+        assert peaks[depth] <= held <= peaks[depth] + outputs
+    assert keep[64] / keep[16] > 3.5                  # keeping everything: linear in N
+    assert peaks[64] / peaks[16] < 2.6                # checkpoints: about sqrt(4) = 2
+    assert peaks[64] < keep[64] / 4
+
+
+def test_checkpoints_end_runs_at_blobs_costly_to_make():
+    """A run of the checkpoints ends at a convolution's output, never at a batch norm's: the
+    cheap layers are the ones run again."""
+    net, steps = chain(8)
+    found = candidates(net, steps)
+    counts = []
+    for segments in (2, 3, 4, len(found)):
+        kept = [b for b in found if b not in checkpointed(net, found, segments)]
+        assert kept and all(net.layer[b].type == "Convolution" for b in kept)
+        counts.append(len(kept))
+    assert counts == sorted(counts) and counts[-1] == 8      # every convolution's output
+
+
+def test_auto_reaches_the_checkpoints_where_no_copy_pays():
+    """Over a link so slow that no swap pays, in a pool too small to keep every activation,
+    ``auto`` finds the sqrt(N) checkpoints: its plan swaps no activation out."""
+    net, steps = chain(36)
+    found = candidates(net, steps)
+    rewritten = recompute_schedule(net, steps, checkpointed(net, found,
+                                                            round(len(found) ** 0.5)))
+    capacity = int(1.2 * make_plan(net, rewritten, 1 << 26,
+                                   Policy(limit=1 << 26, keep_state=True)).peak)
+    slow = cost.CostModel(1e12, 1e12, 1e5, "a link no swap pays on")
+    plan = cost.plan_for(net, steps, capacity, Policy(policy="auto", recompute="auto"), slow)
+    check_plan(plan)
+    assert len(recomputed(net, plan)) > len(found) // 2
+    assert not [a for _, a in plan.actions() if a.kind == "swap_out"
+                and net.blobs[a.blob].role == "activation" and a.blob not in plan.outputs]
+    without = cost.plan_for(net, steps, capacity, Policy(policy="auto"), slow)
+    assert cost.simulate(plan, net, slow).seconds < cost.simulate(without, net, slow).seconds / 2

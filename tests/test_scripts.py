@@ -63,3 +63,17 @@ def test_bench_capacity_smoke(capsys, tmp_path):
     assert "Off      out of memory: out of device memory at step" in out   # scenario B, LMS off
     assert out.count("Default  trains") == 2 and (tmp_path / "c.png").stat().st_size > 10_000
     assert "split floor" in out and re.search(r"split pool .*: +[1-9]\d* steps split", out)
+
+
+def test_bench_recompute_smoke(capsys, tmp_path):
+    """The three sections at toy size: swap only against swap + recompute, predicted and
+    measured (weights bit for bit), and the checkpointing curve with its picture."""
+    assert run_script("bench_recompute.py", "--smoke", "--images", str(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "== predicted for a GPU" in out and "== measured on the cpu device" in out
+    assert re.search(r"resnet18: \d+% fewer bytes moved, step [\d.]+x faster .* \(predicted\)",
+                     out)
+    assert "bit for bit" in out and "DIFFER" not in out
+    assert re.search(r"N=\s+9 \(19 candidate blobs\): keep everything", out)
+    assert "goal: O(sqrt(N)) activation memory" in out
+    assert (tmp_path / "recompute_curve.png").stat().st_size > 10_000

@@ -21,6 +21,7 @@ Training is bit for bit the same: a re-run's tops are the first forward's (each 
 says how: batch norm applies its saved statistics, dropout its saved mask), and it changes nothing
 else.
 """
+import math
 from dataclasses import replace
 
 from ..net import Net, Step
@@ -54,6 +55,26 @@ def of_types(net: Net, blobs: list[str], types) -> list[str]:
     """The blobs whose producers are all of the layer ``types``."""
     wanted = set(types)
     return [b for b in blobs if all(layer.type in wanted for layer in producers(net, b))]
+
+
+def checkpointed(net: Net, blobs: list[str], segments: int) -> list[str]:
+    """Chen et al.'s checkpoints: ``blobs`` (in forward order) cut into ``segments`` runs of
+    about equal bytes; the blob that ends a run is kept, the others returned, to recompute. A run
+    ends at a blob that is costly to make again (not only memory-bound layers made it), so a
+    cheap batch norm or ReLU output is rebuilt from the convolution's kept output rather than
+    the reverse (Chen et al.'s "mirror" of cheap operators). With sqrt(N) segments a chain of N
+    blocks holds O(sqrt(N)) activations for one extra forward: the kept blobs, and one segment
+    rebuilt at a time before its backward."""
+    total = sum(net.blobs[b].nbytes for b in blobs)
+    share, run, chosen = total / max(1, segments), 0, []
+    for name in blobs:
+        run += net.blobs[name].nbytes
+        cheap = all(layer.type in CHEAP for layer in producers(net, name))
+        if run >= share - 1e-9 and not cheap:
+            run = 0
+        else:
+            chosen.append(name)
+    return chosen
 
 
 def recompute_schedule(net: Net, steps: list[Step], blobs) -> list[Step]:
@@ -97,7 +118,8 @@ def choose(net: Net, steps: list[Step], policy, plan, model=None):
     plans that recompute: the outputs of the memory-bound layers (batch norm, ReLU, pooling,
     sums, concats, dropout: cheap to run again, from inputs their own backward needs anyway),
     then the candidates with the most bytes per second of re-run (a quarter, half, all of
-    them). The fastest that fits wins, the plan without recompute on a tie."""
+    them), then sqrt(N) checkpoints (``checkpointed``). The fastest that fits wins, the plan
+    without recompute on a tie."""
     from ..errors import PlanError
     found = candidates(net, steps)
     if policy.recompute != "auto":
@@ -109,6 +131,7 @@ def choose(net: Net, steps: list[Step], policy, plan, model=None):
                    / max(recompute_seconds(net, b, model), 1e-12))
     tiers = [[], of_types(net, found, CHEAP)] + [worth[:max(1, len(worth) // share)]
                                                  for share in (4, 2, 1)]
+    tiers.append(checkpointed(net, found, round(math.sqrt(len(found)))))
     best = None
     for number, blobs in enumerate(tiers):
         try:
