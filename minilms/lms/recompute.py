@@ -25,7 +25,7 @@ import math
 from dataclasses import replace
 
 from ..net import Net, Step
-from .cost import producers, recompute_seconds, recompute_step, simulate
+from .cost import producers, recompute_seconds, recompute_step, simulate, swap_seconds
 
 RECOMPUTE = "recompute"
 # layers whose forward is a pass over memory: cheap to run again
@@ -118,7 +118,8 @@ def choose(net: Net, steps: list[Step], policy, plan, model=None):
     plans that recompute: the outputs of the memory-bound layers (batch norm, ReLU, pooling,
     sums, concats, dropout: cheap to run again, from inputs their own backward needs anyway),
     then the candidates with the most bytes per second of re-run (a quarter, half, all of
-    them), then sqrt(N) checkpoints (``checkpointed``). The fastest that fits wins, the plan
+    them), then those whose re-run is faster than their copy out and back in, then sqrt(N)
+    checkpoints (``checkpointed``). The fastest that fits wins, the plan
     without recompute on a tie."""
     from ..errors import PlanError
     found = candidates(net, steps)
@@ -131,7 +132,12 @@ def choose(net: Net, steps: list[Step], policy, plan, model=None):
                    / max(recompute_seconds(net, b, model), 1e-12))
     tiers = [[], of_types(net, found, CHEAP)] + [worth[:max(1, len(worth) // share)]
                                                  for share in (4, 2, 1)]
+    # the rule per blob: a re-run faster than the copy out and back in (what prefetch hides
+    # of the copy, the plan's simulation weighs)
+    tiers.append([b for b in found
+                  if recompute_seconds(net, b, model) < swap_seconds(net, b, model)])
     tiers.append(checkpointed(net, found, round(math.sqrt(len(found)))))
+    tiers = list({frozenset(blobs): blobs for blobs in tiers}.values())    # each set planned once
     best = None
     for number, blobs in enumerate(tiers):
         try:
