@@ -77,3 +77,14 @@ def test_bench_recompute_smoke(capsys, tmp_path):
     assert re.search(r"N=\s+9 \(19 candidate blobs\): keep everything", out)
     assert "goal: O(sqrt(N)) activation memory" in out
     assert (tmp_path / "recompute_curve.png").stat().st_size > 10_000
+
+
+@pytest.mark.cuda
+def test_launch_count_smoke(capsys):
+    """Before and after at two batch sizes: before grows with the batch, after does not."""
+    assert run_script("launch_count.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("resnet18/16")]
+    assert len(rows) == 2 and "syncs:" in out
+    (before_2, after_2), (before_4, after_4) = [(int(r[4]), int(r[5])) for r in rows]
+    assert before_4 > before_2 > after_2 == after_4

@@ -1,12 +1,16 @@
 """What every kernel family shares to launch a kernel: a 1-D grid (``grid_1d``), the launch itself
-on an optional stream (``launch``, the one way a launcher starts a CUDA kernel), checked views
+on an optional stream (``launch``, the one way a launcher starts a CUDA kernel, which
+``counting_launches`` counts), checked views
 (``view``, ``flat``: a reshape that never copies), and the block reductions kernels call
 (``block_sum`` / ``block_max``: deterministic shared-memory trees inside one CUDA block)."""
+from collections import Counter
+from contextlib import contextmanager
+
 from numba import cuda
 
 from .registry import THREADS_1D, on_cpu
 
-__all__ = ["grid_1d", "launch", "view", "flat", "block_sum", "block_max"]
+__all__ = ["grid_1d", "launch", "counting_launches", "view", "flat", "block_sum", "block_max"]
 
 
 def grid_1d(n: int, threads: int = THREADS_1D) -> tuple[int, int]:
@@ -17,9 +21,41 @@ def grid_1d(n: int, threads: int = THREADS_1D) -> tuple[int, int]:
     return max(1, (n + threads - 1) // threads), threads
 
 
+_COUNTERS: list = []     # the Counters of the ``counting_launches`` blocks now open
+_SKIPPING: list = []     # one entry per open ``counting_launches(run=False)``
+
+
+def _skip(*args):
+    """What a launch returns while kernels are only counted: takes the arguments, runs nothing."""
+
+
 def launch(kernel, blocks, threads, stream=None):
     """``kernel[blocks, threads]``, on ``stream`` when one is given."""
+    if _COUNTERS:
+        name = getattr(getattr(kernel, "py_func", kernel), "__name__", str(kernel))
+        for counter in _COUNTERS:
+            counter[name] += 1
+        if _SKIPPING:
+            return _skip
     return kernel[blocks, threads] if stream is None else kernel[blocks, threads, stream]
+
+
+@contextmanager
+def counting_launches(run: bool = True):
+    """``with counting_launches() as launches:`` counts, by kernel name, every CUDA kernel
+    launched inside (a ``collections.Counter``): how many a step or an iteration makes.
+    ``run=False`` counts without running them (results are garbage): a full-size schedule's
+    launches counted in seconds under the simulator."""
+    counter = Counter()
+    _COUNTERS.append(counter)
+    if not run:
+        _SKIPPING.append(counter)
+    try:
+        yield counter
+    finally:
+        _COUNTERS.remove(counter)
+        if not run:
+            _SKIPPING.remove(counter)
 
 
 def view(array, *shape):

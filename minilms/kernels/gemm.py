@@ -1,4 +1,4 @@
-"""GEMM: ``c = alpha * op(a) @ op(b) + beta * c`` for 2-D arrays.
+"""GEMM: ``c = alpha * op(a) @ op(b) + beta * c`` for 2-D arrays, and batched over a leading axis.
 
 ``op(x)`` is ``x`` or ``x.T`` (``trans_a`` / ``trans_b``), so with ``op(a)`` of shape ``[M, K]`` and
 ``op(b)`` of shape ``[K, N]``, ``c`` is ``[M, N]``. As in BLAS, ``beta == 0`` means ``c`` is not
@@ -15,14 +15,22 @@ shared memory feeds ``TM`` or ``TN`` FMAs instead of one). A thread's outputs ar
 ``TY``/``TX`` rather than adjacent, so a warp's shared-memory reads hit distinct banks (or
 broadcast) and its global stores of ``c`` are coalesced. Bounds are checked only where tiles are
 loaded and ``c`` is stored, so any M, N, K work (K = 0 included: ``c = beta * c``).
+
+Batched (``gemm_batched``): ``a``, ``b``, ``c`` are 3-D, ``[batch, rows, cols]``. An operand with
+a batch of 1 is broadcast (a convolution's weight against a chunk of samples' columns). ``c``
+either has the batch too (one product per sample: the batch is the grid's z axis) or a batch of
+1, and then the products are *summed* (a weight gradient over a chunk: each block loops over the
+samples around its K loop, so the sum's order is fixed and no atomics are needed). A convolution
+over a chunk of samples is then one launch, whatever the chunk's size. The 2-D ``gemm`` is the
+batch of one, through the same four kernels.
 """
 import numpy as np
 from numba import cuda, float32
 
-from .common import launch
+from .common import launch, view
 from .registry import cuda_kernel, on_cpu
 
-__all__ = ["gemm", "GEMM_KERNELS", "BM", "BN", "BK", "TM", "TN", "THREADS"]
+__all__ = ["gemm", "gemm_batched", "GEMM_KERNELS", "BM", "BN", "BK", "TM", "TN", "THREADS"]
 
 # The tile shape. Module constants, so the kernel sees them as compile-time constants (loops over
 # TM/TN unroll and `acc` lives in registers); the simulator reads them at run time, which lets the
@@ -59,11 +67,13 @@ def _gemm_kernel(trans_a, trans_b):
     runtime flags both load paths' addresses stay live across the K loop (85-92 registers, not 64).
     """
     def kernel(a, b, c, alpha, beta):
-        """One ``BM x BN`` tile of ``c`` per block, ``THREADS`` threads (1-D) per block.
+        """One ``BM x BN`` tile of ``c[z]`` per block, ``THREADS`` threads (1-D) per block.
 
-        Grid: ``(ceil(N / BN), ceil(M / BM))``. ``a`` is ``[M, K]`` (``[K, M]`` if ``trans_a``),
-        ``b`` is ``[K, N]`` (``[N, K]`` if ``trans_b``); both tiles are stored k-major:
-        ``a_tile[k, m]``, ``b_tile[k, n]``.
+        Grid: ``(ceil(N / BN), ceil(M / BM), c.shape[0])``. ``a[s]`` is ``[M, K]`` (``[K, M]``
+        if ``trans_a``), ``b[s]`` is ``[K, N]`` (``[N, K]`` if ``trans_b``); both tiles are
+        stored k-major: ``a_tile[k, m]``, ``b_tile[k, n]``. Block z sums the samples
+        ``s = z * per .. z * per + per - 1`` (``per`` is 1 unless ``c`` has a batch of 1); an
+        operand with a batch of 1 is the same for every sample.
         """
         a_tile = cuda.shared.array((BK, A_ROW), float32)
         b_tile = cuda.shared.array((BK, B_ROW), float32)
@@ -71,9 +81,12 @@ def _gemm_kernel(trans_a, trans_b):
         a_frag = cuda.local.array(TM, float32)
         b_frag = cuda.local.array(TN, float32)
 
-        m_size = c.shape[0]
-        n_size = c.shape[1]
-        k_size = a.shape[0] if trans_a else a.shape[1]
+        m_size = c.shape[1]
+        n_size = c.shape[2]
+        k_size = a.shape[1] if trans_a else a.shape[2]
+        samples = max(a.shape[0], b.shape[0])
+        per = samples // c.shape[0]            # samples summed into this block's c
+        z = cuda.blockIdx.z
         tid = cuda.threadIdx.x
         ty = tid // TX
         tx = tid % TX
@@ -93,45 +106,48 @@ def _gemm_kernel(trans_a, trans_b):
             for j in range(TN):
                 acc[i, j] = zero
 
-        for k0 in range(0, k_size, BK):
-            for load in range(BM * BK // THREADS):
-                if trans_a:
-                    mm = a_fast
-                    kk = a_slow + load * (THREADS // BM)
-                else:
-                    kk = a_fast
-                    mm = a_slow + load * (THREADS // BK)
-                m = m0 + mm
-                k = k0 + kk
-                value = zero
-                if m < m_size and k < k_size:
-                    value = a[k, m] if trans_a else a[m, k]
-                a_tile[kk, mm] = value
-            for load in range(BK * BN // THREADS):
-                if trans_b:
-                    kk = b_fast
-                    nn = b_slow + load * (THREADS // BK)
-                else:
-                    nn = b_fast
-                    kk = b_slow + load * (THREADS // BN)
-                n = n0 + nn
-                k = k0 + kk
-                value = zero
-                if n < n_size and k < k_size:
-                    value = b[n, k] if trans_b else b[k, n]
-                b_tile[kk, nn] = value
-            cuda.syncthreads()
+        for s in range(z * per, z * per + per):
+            sa = s if a.shape[0] > 1 else 0     # an operand of one sample serves every sample
+            sb = s if b.shape[0] > 1 else 0
+            for k0 in range(0, k_size, BK):
+                for load in range(BM * BK // THREADS):
+                    if trans_a:
+                        mm = a_fast
+                        kk = a_slow + load * (THREADS // BM)
+                    else:
+                        kk = a_fast
+                        mm = a_slow + load * (THREADS // BK)
+                    m = m0 + mm
+                    k = k0 + kk
+                    value = zero
+                    if m < m_size and k < k_size:
+                        value = a[sa, k, m] if trans_a else a[sa, m, k]
+                    a_tile[kk, mm] = value
+                for load in range(BK * BN // THREADS):
+                    if trans_b:
+                        kk = b_fast
+                        nn = b_slow + load * (THREADS // BK)
+                    else:
+                        nn = b_fast
+                        kk = b_slow + load * (THREADS // BN)
+                    n = n0 + nn
+                    k = k0 + kk
+                    value = zero
+                    if n < n_size and k < k_size:
+                        value = b[sb, n, k] if trans_b else b[sb, k, n]
+                    b_tile[kk, nn] = value
+                cuda.syncthreads()
 
-            for kk in range(BK):
-                for i in range(TM):
-                    a_frag[i] = a_tile[kk, ty + i * TY]
-                for j in range(TN):
-                    b_frag[j] = b_tile[kk, tx + j * TX]
-                for i in range(TM):
+                for kk in range(BK):
+                    for i in range(TM):
+                        a_frag[i] = a_tile[kk, ty + i * TY]
                     for j in range(TN):
-                        acc[i, j] += a_frag[i] * b_frag[j]
-            # The next iteration overwrites the tiles: everyone must be done reading them.
-            cuda.syncthreads()
+                        b_frag[j] = b_tile[kk, tx + j * TX]
+                    for i in range(TM):
+                        for j in range(TN):
+                            acc[i, j] += a_frag[i] * b_frag[j]
+                # The next iteration overwrites the tiles: everyone must be done reading them.
+                cuda.syncthreads()
 
         for i in range(TM):
             m = m0 + ty + i * TY
@@ -140,13 +156,13 @@ def _gemm_kernel(trans_a, trans_b):
                     n = n0 + tx + j * TX
                     if n < n_size:
                         if beta == zero:
-                            c[m, n] = alpha * acc[i, j]
+                            c[z, m, n] = alpha * acc[i, j]
                         else:
-                            c[m, n] = alpha * acc[i, j] + beta * c[m, n]
+                            c[z, m, n] = alpha * acc[i, j] + beta * c[z, m, n]
 
     kernel.__name__ = kernel.__qualname__ = "gemm_" + "nt"[trans_a] + "nt"[trans_b]
-    return cuda_kernel("void(float32[:, ::1], float32[:, ::1], float32[:, ::1], float32, float32)",
-                       block=THREADS)(kernel)
+    return cuda_kernel("void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], float32, "
+                       "float32)", block=THREADS)(kernel)
 
 
 # Indexed by (trans_a, trans_b), as BLAS does it: one kernel per transpose combination.
@@ -162,28 +178,67 @@ def gemm(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, stream=None
     ``stream`` is the CUDA stream to launch on (default stream when None; ignored on the CPU).
     """
     m, n, k = _check_shapes(a, b, c, trans_a, trans_b)
+    if _placed(a, b, c):
+        _gemm_cpu(a, b, c, trans_a, trans_b, alpha, beta)
+        return c
+    if m and n:
+        _launch(*(view(x, 1, *x.shape) for x in (a, b, c)), m, n, trans_a, trans_b, alpha,
+                beta, stream)
+    return c
+
+
+def gemm_batched(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, stream=None):
+    """``c[z] = alpha * sum_s op(a[s]) @ op(b[s]) + beta * c[z]`` over 3-D ``[batch, rows, cols]``
+    arrays, in place; returns ``c``.
+
+    An operand with a batch of 1 serves every sample. ``c``'s batch is the samples' (one product
+    each) or 1 (their sum: ``s`` runs over the whole batch). Otherwise as ``gemm``.
+    """
+    if a.ndim != 3 or b.ndim != 3 or c.ndim != 3:
+        raise ValueError(f"gemm_batched needs 3-D arrays, got {a.ndim}-D, {b.ndim}-D, {c.ndim}-D")
+    samples = max(a.shape[0], b.shape[0])
+    if any(x.shape[0] not in (1, samples) for x in (a, b)) or c.shape[0] not in (1, samples):
+        raise ValueError(f"gemm_batched batches do not match: a {a.shape[0]}, b {b.shape[0]}, "
+                         f"c {c.shape[0]} (each the batch, or 1)")
+    m, n, k = _check_shapes(a[0], b[0], c[0], trans_a, trans_b)
+    if _placed(a, b, c):
+        op_a = a.transpose(0, 2, 1) if trans_a else a
+        op_b = b.transpose(0, 2, 1) if trans_b else b
+        product = np.matmul(op_a, op_b)
+        if c.shape[0] == 1 and samples > 1:
+            product = product.sum(axis=0, keepdims=True, dtype=c.dtype)
+        c[...] = alpha * product + (beta * c if beta else 0)
+        return c
+    if m and n:
+        _launch(a, b, c, m, n, trans_a, trans_b, alpha, beta, stream)
+    return c
+
+
+def _placed(a, b, c) -> bool:
+    """True for numpy arrays (the cpu device), False for CUDA arrays checked for the kernel."""
     cpu = [on_cpu(x) for x in (a, b, c)]
     if any(cpu) != all(cpu):
         raise TypeError("gemm: a, b and c must all be numpy arrays or all CUDA device arrays")
     if all(cpu):
-        _gemm_cpu(a, b, c, trans_a, trans_b, alpha, beta)
-        return c
+        return True
     if c.dtype != np.float32:
         raise TypeError(f"gemm on CUDA supports float32 only, got {c.dtype}")
     for name, x in (("a", a), ("b", b), ("c", c)):
         if not x.is_c_contiguous():
             raise ValueError(f"gemm on CUDA needs C-contiguous arrays ({name} is not): "
                              "use trans_a/trans_b instead of transposed views")
-    if m == 0 or n == 0:
-        return c
-    grid = ((n + BN - 1) // BN, (m + BM - 1) // BM)
-    if grid[1] > 65535:  # CUDA's limit on gridDim.y; N, on x, may have 2**31 - 1 tiles
-        raise ValueError(f"gemm on CUDA: M = {m} needs more than 65535 row tiles of {BM}")
+    return False
+
+
+def _launch(a, b, c, m, n, trans_a, trans_b, alpha, beta, stream):
+    grid = ((n + BN - 1) // BN, (m + BM - 1) // BM, c.shape[0])
+    if grid[1] > 65535 or grid[2] > 65535:  # CUDA's limits on gridDim.y and z
+        raise ValueError(f"gemm on CUDA: M = {m} needs {grid[1]} row tiles of {BM} and "
+                         f"{grid[2]} batches (at most 65535 each)")
     # Scalars are cast to the registered signature's types, so what runs is what the PTX report
     # compiled (a Python float would be typed float64 and compile a second, unreported variant).
     kernel = GEMM_KERNELS[bool(trans_a), bool(trans_b)]
     launch(kernel, grid, THREADS, stream)(a, b, c, np.float32(alpha), np.float32(beta))
-    return c
 
 
 def _check_shapes(a, b, c, trans_a, trans_b):

@@ -1,4 +1,4 @@
-"""im2col / col2im: convolution as GEMM, for one NCHW image at a time (Caffe's layout).
+"""im2col / col2im: convolution as GEMM, for one NCHW image at a time (Caffe's layout), or a chunk.
 
 For an image ``img[C, H, W]``, a kernel ``kh x kw``, stride ``(sh, sw)``, padding ``(ph, pw)`` and
 dilation ``(dh, dw)``, the output is ``out_h x out_w`` with
@@ -15,8 +15,11 @@ convolution's forward pass is ``gemm(weight.reshape(K, C * kh * kw), col, out.re
 Adding, not overwriting, lets a caller accumulate gradients.
 
 One image per call, so the ``col`` workspace never grows with the batch: the caller loops over the
-batch. Groups are the caller's too: for group ``g`` of ``G``, pass the channel slice
-``img[g * C // G:(g + 1) * C // G]`` (still C-contiguous) and its own ``col``.
+batch. Or a chunk of images per call (``im2col_batch``, ``col2im_batch``: ``cols[B, K, L]``), which
+on CUDA is one launch whatever ``B``, the batch in the grid: what a GPU wants, where each launch
+costs tens of microseconds of host time. Groups are the caller's too: for group ``g`` of ``G``,
+pass the channel slice ``img[g * C // G:(g + 1) * C // G]`` (still C-contiguous) and its own
+``col``.
 
 Bands: ``rows=(r0, r1)`` restricts both to output rows ``r0 <= oh < r1``. ``col`` is then
 ``[C * kh * kw, (r1 - r0) * out_w]``, the columns ``r0 * out_w:r1 * out_w`` of the full ``col``,
@@ -31,7 +34,8 @@ from numba import cuda, njit, prange
 from .common import grid_1d, launch
 from .registry import cpu_variant, cuda_kernel, on_cpu, shared
 
-__all__ = ["im2col", "col2im", "conv_out_size", "col_shape", "out_shape"]
+__all__ = ["im2col", "col2im", "im2col_batch", "col2im_batch", "conv_out_size", "col_shape",
+           "out_shape"]
 
 
 def _pair(value, name):
@@ -155,6 +159,8 @@ def _col2im_cpu(col, img, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w, r0, r1):
 
 _SIG_IM2COL = "void({0}[:, :, ::1], {0}[:, ::1], " + ", ".join(["int64"] * 12) + ")"
 _SIG_COL2IM = "void({0}[:, ::1], {0}[:, :, ::1], " + ", ".join(["int64"] * 14) + ")"
+_SIG_IM2COL_BATCH = "void({0}[:, :, :, ::1], {0}[:, :, ::1], " + ", ".join(["int64"] * 10) + ")"
+_SIG_COL2IM_BATCH = "void({0}[:, :, ::1], {0}[:, :, :, ::1], " + ", ".join(["int64"] * 10) + ")"
 
 
 # Waking the thread pool costs more than copying a small column (LeNet's: 25 x 576 per sample)
@@ -162,6 +168,46 @@ _SIG_COL2IM = "void({0}[:, ::1], {0}[:, :, ::1], " + ", ".join(["int64"] * 14) +
 PARALLEL_MIN = 1 << 17
 _im2col_cpu_serial = cpu_variant(_im2col_cpu.py_func, "serial", parallel=False)
 _col2im_cpu_serial = cpu_variant(_col2im_cpu.py_func, "serial", parallel=False)
+
+
+@cuda.jit(device=True, inline="always")  # IR-inlined: compile_ptx needs no GPU
+def _patch_down_column(img, col, c, oh, ow, column, kh, kw, sh, sw, ph, pw, dh, dw):
+    """Copy the ``kh * kw`` taps of patch ``(c, oh, ow)`` of ``img[C, H, W]`` down ``column`` of
+    ``col``: the one body of the image and the batch kernels."""
+    height, width = img.shape[1], img.shape[2]
+    row = c * kh * kw
+    for i in range(kh):
+        h = _source_cuda(oh, i, sh, ph, dh)
+        for j in range(kw):
+            w = _source_cuda(ow, j, sw, pw, dw)
+            if 0 <= h < height and 0 <= w < width:
+                col[row, column] = img[c, h, w]
+            else:
+                col[row, column] = 0
+            row += 1
+
+
+@cuda.jit(device=True, inline="always")  # IR-inlined: compile_ptx needs no GPU
+def _gather_pixel(col, img, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, out_w, r0, r1):
+    """``img[c, h, w]`` plus every entry of ``col`` (the band ``r0 <= oh < r1``) copied from it.
+
+    Tap ``i`` reached ``h`` from ``oh`` when ``h + ph - i * dh == oh * sh``: a non-negative
+    multiple of the stride, inside the band. A gather rather than a scatter: no atomics, and the
+    sum's order is fixed, so results are deterministic."""
+    total = img[c, h, w]
+    for i in range(kh):
+        h_off = h + ph - i * dh
+        if h_off < 0 or h_off % sh != 0:
+            continue
+        oh = h_off // sh
+        if oh < r0 or oh >= r1:
+            continue
+        for j in range(kw):
+            w_off = w + pw - j * dw
+            if w_off < 0 or w_off % sw != 0 or w_off // sw >= out_w:
+                continue
+            total += col[(c * kh + i) * kw + j, (oh - r0) * out_w + w_off // sw]
+    return total
 
 
 @cuda_kernel(_SIG_IM2COL.format("float32"), _SIG_IM2COL.format("float64"))
@@ -176,21 +222,24 @@ def im2col_kernel(img, col, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w, r0, r1
     band = (r1 - r0) * out_w
     if t >= img.shape[0] * band:
         return
-    height, width = img.shape[1], img.shape[2]
     column = t % band
-    c = t // band
-    oh = r0 + column // out_w
-    ow = column % out_w
-    row = c * kh * kw
-    for i in range(kh):
-        h = _source_cuda(oh, i, sh, ph, dh)
-        for j in range(kw):
-            w = _source_cuda(ow, j, sw, pw, dw)
-            if 0 <= h < height and 0 <= w < width:
-                col[row, column] = img[c, h, w]
-            else:
-                col[row, column] = 0
-            row += 1
+    _patch_down_column(img, col, t // band, r0 + column // out_w, column % out_w, column,
+                       kh, kw, sh, sw, ph, pw, dh, dw)
+
+
+@cuda_kernel(_SIG_IM2COL_BATCH.format("float32"), _SIG_IM2COL_BATCH.format("float64"))
+def im2col_batch_kernel(imgs, cols, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w):
+    """``im2col_kernel`` over a chunk of images at once, the batch in the grid: one thread per
+    ``(n, c, oh, ow)``, 1-D grid over ``B * C * out_h * out_w``; one launch per chunk."""
+    t = cuda.grid(1)
+    plane = out_h * out_w
+    per_image = imgs.shape[1] * plane
+    if t >= imgs.shape[0] * per_image:
+        return
+    n = t // per_image
+    column = t % plane
+    _patch_down_column(imgs[n], cols[n], t % per_image // plane, column // out_w,
+                       column % out_w, column, kh, kw, sh, sw, ph, pw, dh, dw)
 
 
 @cuda_kernel(_SIG_COL2IM.format("float32"), _SIG_COL2IM.format("float64"))
@@ -198,10 +247,7 @@ def col2im_kernel(col, img, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w, r0, r1
     """One thread per pixel ``(c, h, w)``: it gathers every column entry copied from it, and adds.
 
     1-D grid over ``C * (h1 - h0) * W``: ``h0 <= h < h1`` are the image rows that the output band
-    ``r0 <= oh < r1`` reads (all of them for the whole output; the launcher computes them). A
-    gather rather than a scatter: no atomics, and the sum's order is fixed, so results are
-    deterministic. Tap ``i`` reached ``h`` from ``oh`` when ``h + ph - i * dh == oh * sh``: a
-    non-negative multiple of the stride, inside the band.
+    ``r0 <= oh < r1`` reads (all of them for the whole output; the launcher computes them).
     """
     t = cuda.grid(1)
     width = img.shape[2]
@@ -211,20 +257,26 @@ def col2im_kernel(col, img, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w, r0, r1
     w = t % width
     h = h0 + t // width % rows
     c = t // (width * rows)
-    total = img[c, h, w]
-    for i in range(kh):
-        h_off = h + ph - i * dh
-        if h_off < 0 or h_off % sh != 0:
-            continue
-        oh = h_off // sh
-        if oh < r0 or oh >= r1:
-            continue
-        for j in range(kw):
-            w_off = w + pw - j * dw
-            if w_off < 0 or w_off % sw != 0 or w_off // sw >= out_w:
-                continue
-            total += col[(c * kh + i) * kw + j, (oh - r0) * out_w + w_off // sw]
-    img[c, h, w] = total
+    img[c, h, w] = _gather_pixel(col, img, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, out_w, r0,
+                                 r1)
+
+
+@cuda_kernel(_SIG_COL2IM_BATCH.format("float32"), _SIG_COL2IM_BATCH.format("float64"))
+def col2im_batch_kernel(cols, imgs, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w):
+    """``col2im_kernel`` over a chunk of images, the batch in the grid: one thread per
+    ``(n, c, h, w)``, 1-D grid over ``B * C * H * W``; one launch per chunk."""
+    t = cuda.grid(1)
+    plane = imgs.shape[2] * imgs.shape[3]
+    per_image = imgs.shape[1] * plane
+    if t >= imgs.shape[0] * per_image:
+        return
+    n = t // per_image
+    c = t % per_image // plane
+    h = t % plane // imgs.shape[3]
+    w = t % imgs.shape[3]
+    img = imgs[n]
+    img[c, h, w] = _gather_pixel(cols[n], img, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, out_w,
+                                 0, out_h)
 
 
 # --- launchers ------------------------------------------------------------------------------------
@@ -265,6 +317,38 @@ def col2im(col, img, kernel_size, stride=1, padding=0, dilation=1, stream=None, 
             blocks, threads = grid_1d(img.shape[0] * (h1 - h0) * img.shape[2])
             launch(col2im_kernel, blocks, threads, stream)(col, img, *params, h0, h1)
     return img
+
+
+def im2col_batch(imgs, cols, kernel_size, stride=1, padding=0, dilation=1, stream=None):
+    """``im2col`` of each image of ``imgs[B, C, H, W]`` into ``cols[B, C * kh * kw, out_h *
+    out_w]``; on CUDA one launch for the whole chunk (the batch in the grid); returns cols."""
+    params = _check_batch(imgs, cols, kernel_size, stride, padding, dilation)
+    if on_cpu(imgs):
+        for img, col in zip(imgs, cols):
+            im2col(img, col, kernel_size, stride, padding, dilation)
+    else:
+        launch(im2col_batch_kernel, *grid_1d(imgs.shape[0] * imgs.shape[1] * cols.shape[2]),
+               stream)(imgs, cols, *params)
+    return cols
+
+
+def col2im_batch(cols, imgs, kernel_size, stride=1, padding=0, dilation=1, stream=None):
+    """``imgs[n] += im2col^T(cols[n])`` for each image of the chunk (``col2im`` batched); on CUDA
+    one launch for the whole chunk; returns imgs."""
+    params = _check_batch(imgs, cols, kernel_size, stride, padding, dilation)
+    if on_cpu(imgs):
+        for img, col in zip(imgs, cols):
+            col2im(col, img, kernel_size, stride, padding, dilation)
+    else:
+        launch(col2im_batch_kernel, *grid_1d(imgs.size), stream)(cols, imgs, *params)
+    return imgs
+
+
+def _check_batch(imgs, cols, kernel_size, stride, padding, dilation):
+    if imgs.ndim != 4 or cols.ndim != 3 or imgs.shape[0] != cols.shape[0]:
+        raise ValueError(f"im2col_batch/col2im_batch take imgs [B, C, H, W] and cols [B, K, L] "
+                         f"of one B, got {tuple(imgs.shape)} and {tuple(cols.shape)}")
+    return _check(imgs[0], cols[0], kernel_size, stride, padding, dilation, None)[:-2]
 
 
 def _check(img, col, kernel_size, stride, padding, dilation, rows):

@@ -31,15 +31,22 @@ takes the same elements at twice the bytes):
   holds ``min(N, chunk)`` samples' ``col`` and transposed ``dy``, and ``minilms.kernels.conv_cpu``
   runs a chunk in a handful of calls (batched im2col, one GEMM per group, numpy for the bias).
   The workspace grows with the batch only up to ``max_workspace``.
-* one sample at a time (``cuda``, whose launches are cheap; or the ``cpu`` when no whole sample's
-  chunk fits): as written above, ``col`` and the ones in the workspace.
+* a chunk of samples per launch (``cuda``, groups of one): the workspace holds as many samples'
+  ``col`` as fit ``max_workspace``, and each kernel takes the whole chunk, the batch in its grid
+  (``im2col_batch``, ``gemm_batched`` with the weight broadcast, or summing the samples for the
+  weight gradient, ``add_channel_bias``, ``channel_sums``, ``col2im_batch``): three launches a
+  chunk forward, six backward, however many samples it holds. Each launch costs tens of
+  microseconds of host time on a GPU; per sample they were most of an iteration's.
+* one sample at a time (``cuda`` with groups; or the ``cpu`` when no whole sample's chunk fits):
+  as written above, ``col`` and the ones in the workspace.
 * bands: when even one sample's ``col`` exceeds ``max_workspace`` (a 2240x2240 input), the output
   is walked in bands of output rows: ``col`` holds one band's columns, and since a band of
   ``top[n]`` (or of ``dy[n]``) is not contiguous across channels, the GEMM goes through a staging
   buffer ``[out / groups, band]`` that a copy kernel (``slice_copy``) moves into place.
 
 The device the layer is set up for (``Layer.setup(..., device_kind)``; a net built from a config
-knows it) sizes the workspace for what runs there: ``cuda`` one sample at a time, no chunks;
+knows it) sizes the workspace for what runs there: ``cuda`` the columns of as many samples as
+fit ``max_workspace`` (the batched path's, at least one sample's), no cpu chunks;
 ``cpu`` where the engine runs every part of the step (``DirectConvolution.covers_all``) only the
 engine's workspace; otherwise, and for a layer set up for either (None), enough for every path.
 A layer run on a device it was not sized for fails with an error that says so, never silently.
@@ -47,10 +54,11 @@ A layer run on a device it was not sized for fails with an error that says so, n
 import numpy as np
 
 from ..kernels import conv_cpu, on_cpu
+from ..kernels.channel_bias import add_channel_bias, channel_sums
 from ..kernels.direct import DirectConvolution
 from ..kernels.elementwise import fill, slice_copy
-from ..kernels.gemm import gemm
-from ..kernels.im2col import col2im, conv_out_size, im2col
+from ..kernels.gemm import gemm, gemm_batched
+from ..kernels.im2col import col2im, col2im_batch, conv_out_size, im2col, im2col_batch
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
 from .recompute import Recompute
 from .split import ACCUMULATE, Pass, Phase, SplitRule, samples
@@ -155,6 +163,9 @@ class Convolution(Layer):
             self.elements = self.chunk * per_sample   # holds one sample's col and ones as well
         elif (self.k + ones) * plane <= budget:
             self.elements = (self.k + ones) * plane
+            if not chunked and self.groups == 1:   # cuda: as many samples' columns as fit
+                self.elements = max(self.elements,
+                                    min(shape[0], budget // (self.k * plane)) * self.k * plane)
         else:
             per_row = (self.k + self.out_group + ones) * self.out_w
             if budget < per_row:
@@ -218,6 +229,53 @@ class Convolution(Layer):
     def _geometry(self):
         return self.kernel_size, self.stride, self.pad, self.dilation
 
+    def _batch_chunk(self, n_samples: int) -> int:
+        """CUDA: how many samples' columns the workspace holds at once (0: the per-sample path,
+        for groups, or an image whose columns alone exceed it)."""
+        if self.groups != 1 or self.staged:
+            return 0
+        return min(n_samples, self.elements // (self.k * self.out_h * self.out_w))
+
+    def _chunks(self, n_samples, chunk):
+        for n0 in range(0, n_samples, chunk):
+            yield n0, min(n_samples, n0 + chunk)
+
+    def _forward_batched(self, x, y, weight, bias, flat, chunk, stream):
+        """A chunk of samples per launch: im2col of the chunk, one GEMM with the weight
+        broadcast over it, the bias added per channel. Three launches a chunk."""
+        plane = self.out_h * self.out_w
+        weight = weight.reshape(1, self.num_output, self.k)
+        for n0, n1 in self._chunks(x.shape[0], chunk):
+            cols = flat[:(n1 - n0) * self.k * plane].reshape(n1 - n0, self.k, plane)
+            im2col_batch(x[n0:n1], cols, *self._geometry(), stream=stream)
+            top = y[n0:n1].reshape(n1 - n0, self.num_output, plane)
+            gemm_batched(weight, cols, top, stream=stream)
+            if bias is not None:
+                add_channel_bias(top, bias, stream)
+
+    def _backward_batched(self, x, dy, weight, dx, dweight, dbias, flat, chunk, stream):
+        """A chunk of samples per launch: the bias gradient by a reduction per channel, the
+        weight gradient by one GEMM that sums the chunk's samples, the input gradient by one
+        batched GEMM and a batched col2im; the first chunk writes the parameter gradients, the
+        others add. At most six launches a chunk, and one to zero ``dx``."""
+        plane = self.out_h * self.out_w
+        if dx is not None:
+            fill(dx, 0.0, stream)   # col2im adds
+        for n0, n1 in self._chunks(dy.shape[0], chunk):
+            beta = 0.0 if n0 == 0 else 1.0
+            grad = dy[n0:n1].reshape(n1 - n0, self.num_output, plane)
+            cols = flat[:(n1 - n0) * self.k * plane].reshape(n1 - n0, self.k, plane)
+            if dbias is not None:
+                channel_sums(grad, dbias, beta, stream)
+            if dweight is not None:
+                im2col_batch(x[n0:n1], cols, *self._geometry(), stream=stream)
+                gemm_batched(grad, cols, dweight.reshape(1, self.num_output, self.k),
+                             trans_b=True, beta=beta, stream=stream)
+            if dx is not None:
+                gemm_batched(weight.reshape(1, self.num_output, self.k), grad, cols,
+                             trans_a=True, stream=stream)
+                col2im_batch(cols, dx[n0:n1], *self._geometry(), stream=stream)
+
     def forward(self, io):
         x, y = io.bottom[0], io.top[0]
         flat = self._workspace(io, x)
@@ -227,6 +285,11 @@ class Convolution(Layer):
         if self.chunk and on_cpu(x):
             conv_cpu.conv_forward(x, io.params["weight"], io.params.get("bias"), y, flat,
                                   self.chunk, self._geometry())
+            return
+        chunk = 0 if on_cpu(x) else self._batch_chunk(x.shape[0])
+        if chunk:
+            self._forward_batched(x, y, io.params["weight"], io.params.get("bias"), flat, chunk,
+                                  io.stream)
             return
         n_samples, rows, staged = x.shape[0], self.band_rows, self.staged
         weight = io.params["weight"].reshape(self.groups, self.out_group, self.k)
@@ -267,6 +330,11 @@ class Convolution(Layer):
                                        self._geometry())
             return
         self._reference_allowed(dy)
+        chunk = 0 if on_cpu(dy) else self._batch_chunk(dy.shape[0])
+        if chunk:
+            self._backward_batched(x, dy, io.params["weight"], dx, dweight, dbias, flat, chunk,
+                                   io.stream)
+            return
         n_samples, rows, staged = dy.shape[0], self.band_rows, self.staged
         weight = io.params["weight"].reshape(self.groups, self.out_group, self.k)
         if dweight is not None:

@@ -156,3 +156,71 @@ def test_cuda_rejects_what_it_cannot_run():
         gemm(*(cuda.to_device(x.astype(np.float64)) for x in (a, b, c)))
     with pytest.raises(TypeError, match="must all be numpy"):
         gemm(a, cuda.to_device(b), c)
+
+
+# --- batched --------------------------------------------------------------------------------------
+
+def batched_operands(batches, m, n, k, trans_a, trans_b, seed=0):
+    rng = np.random.default_rng(seed)
+    ba, bb, bc = batches
+    a = rng.standard_normal((ba,) + ((k, m) if trans_a else (m, k))).astype(np.float32)
+    b = rng.standard_normal((bb,) + ((n, k) if trans_b else (k, n))).astype(np.float32)
+    c = rng.standard_normal((bc, m, n)).astype(np.float32)
+    return a, b, c
+
+
+def naive_batched(a, b, c, trans_a, trans_b, alpha, beta):
+    """Sample by sample with the 2-D ``gemm``: a product per sample, or their sum."""
+    samples = max(a.shape[0], b.shape[0])
+    products = []
+    for s in range(samples):
+        out = np.zeros(c.shape[1:], np.float64)
+        gemm(a[min(s, a.shape[0] - 1)].astype(np.float64),
+             b[min(s, b.shape[0] - 1)].astype(np.float64), out, trans_a, trans_b)
+        products.append(out)
+    total = np.stack(products) if c.shape[0] == samples else sum(products)[None]
+    return alpha * total + beta * c
+
+
+# (a's batch, b's batch, c's batch): a product per sample (one operand broadcast or none), or the
+# sum over the samples (a weight gradient)
+BATCHES = [(1, 3, 3), (3, 1, 3), (3, 3, 3), (3, 3, 1), (1, 1, 1)]
+
+
+@pytest.mark.parametrize("batches", BATCHES)
+@pytest.mark.parametrize("trans_a, trans_b", TRANSPOSES)
+def test_batched_cpu_matches_sample_by_sample(batches, trans_a, trans_b):
+    a, b, c = batched_operands(batches, 5, 7, 6, trans_a, trans_b)
+    expected = naive_batched(a, b, c, trans_a, trans_b, 0.5, 2.0)
+    from minilms.kernels.gemm import gemm_batched
+    assert gemm_batched(a, b, c, trans_a, trans_b, 0.5, 2.0) is c
+    np.testing.assert_allclose(c, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_batched_rejects_mismatched_batches():
+    from minilms.kernels.gemm import gemm_batched
+    a, b, c = batched_operands((2, 3, 3), 2, 2, 2, False, False)
+    with pytest.raises(ValueError, match="batches do not match"):
+        gemm_batched(a, b, c)
+    with pytest.raises(ValueError, match="3-D"):
+        gemm_batched(a[0], b[0], c[0])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("batches", BATCHES)
+@pytest.mark.parametrize("trans_a, trans_b", [(False, False), (True, False), (False, True)])
+def test_batched_cuda_matches_sample_by_sample(tile, batches, trans_a, trans_b):
+    """The batch in the grid (c with a batch) or summed inside each block (c of one), with
+    tiles straddled; beta 0 never reads c."""
+    from numba import cuda
+
+    from minilms.kernels.gemm import gemm_batched
+    m, n, k = tile.BM + 1, tile.BN + 1, 2 * tile.BK + 1
+    for beta, fill in ((2.0, None), (0.0, np.nan)):
+        a, b, c = batched_operands(batches, m, n, k, trans_a, trans_b, seed=7)
+        if fill is not None:
+            c[...] = fill
+        expected = naive_batched(a, b, np.nan_to_num(c), trans_a, trans_b, 0.5, beta)
+        d_c = cuda.to_device(c)
+        gemm_batched(cuda.to_device(a), cuda.to_device(b), d_c, trans_a, trans_b, 0.5, beta)
+        np.testing.assert_allclose(d_c.copy_to_host(), expected, rtol=1e-5, atol=1e-5)

@@ -227,3 +227,45 @@ def test_cuda_rejects_mixed_and_strided_arrays():
         im2col(cuda.to_device(img), col, 3)
     with pytest.raises(ValueError, match="C-contiguous"):
         im2col(cuda.to_device(np.zeros((2, 5, 10), np.float32))[:, :, ::2], cuda.to_device(col), 3)
+
+
+@pytest.mark.parametrize("name", ["rectangular", "everything", "3x3 same"])
+def test_a_batch_is_each_image(name):
+    """``im2col_batch`` / ``col2im_batch`` give each image's ``im2col`` / ``col2im``."""
+    from minilms.kernels.im2col import col2im_batch, im2col_batch
+    shape, *geometry = GEOMETRIES[name]
+    imgs = random((3,) + shape, np.float32)
+    cols = np.full((3,) + col_shape(shape, *geometry), np.nan, np.float32)
+    assert im2col_batch(imgs, cols, *geometry) is cols
+    for img, col in zip(imgs, cols):
+        np.testing.assert_array_equal(col, naive_im2col(img, *geometry))
+    grads = np.full(imgs.shape, 0.5, np.float32)
+    col2im_batch(cols, grads, *geometry)
+    for img, col, grad in zip(imgs, cols, grads):
+        np.testing.assert_allclose(grad, 0.5 + naive_col2im(col, shape, *geometry), rtol=1e-6,
+                                   atol=1e-6)
+    with pytest.raises(ValueError, match="one B"):
+        im2col_batch(imgs[:2], cols, *geometry)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, dtype", [("rectangular", np.float32), ("everything", np.float32),
+                                         ("3x3 same", np.float64)])
+def test_cuda_batch_matches_cpu(name, dtype):
+    """One launch for a chunk of images: each image as the CPU twin makes it."""
+    from numba import cuda
+
+    from minilms.kernels.im2col import col2im_batch, im2col_batch
+    shape, *geometry = GEOMETRIES[name]
+    imgs = random((3,) + shape, dtype)
+    expected = np.empty((3,) + col_shape(shape, *geometry), dtype)
+    im2col_batch(imgs, expected, *geometry)
+    d_cols = cuda.to_device(np.full(expected.shape, np.nan, dtype))
+    im2col_batch(cuda.to_device(imgs), d_cols, *geometry)
+    np.testing.assert_array_equal(d_cols.copy_to_host(), expected)
+    y = random(expected.shape, dtype, seed=2)
+    grads = np.full(imgs.shape, 0.5, dtype)
+    col2im_batch(y, grads, *geometry)
+    d_grads = cuda.to_device(np.full(imgs.shape, 0.5, dtype))
+    col2im_batch(cuda.to_device(y), d_grads, *geometry)
+    np.testing.assert_allclose(d_grads.copy_to_host(), grads, rtol=1e-6, atol=1e-6)

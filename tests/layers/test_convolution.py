@@ -151,9 +151,9 @@ def test_gradients_float32(kind):
     assert report.kinks == 0
 
 
-def forward_backward(kind, layer, x, dy, params):
+def forward_backward(kind, layer, x, dy, params, device_kind=None):
     with new_device(kind, 16 * MiB) as device:
-        run = LayerRun(device, layer, [x.shape], dtype=x.dtype)
+        run = LayerRun(device, layer, [x.shape], dtype=x.dtype, device_kind=device_kind)
         for key, value in params.items():
             run.set_param(key, value)
         y = run.forward([x])[0]
@@ -424,3 +424,35 @@ def test_shape_errors(options, shape, message):
 def test_option_errors(options, message):
     with pytest.raises(ShapeError, match=r"^layer conv \(Convolution\): " + message):
         conv(**options)
+
+
+@pytest.mark.cuda
+def test_cuda_chunks_of_samples_equal_one_sample_at_a_time(monkeypatch):
+    """cuda, groups of one: chunks of 2 samples (the last one short) and of all 3 per launch give
+    what one sample at a time gives (the per-sample path), forward bit for bit (each sample's
+    outputs are the same sums whatever the chunk), the gradients within float32 rounding (the
+    sums over samples are regrouped)."""
+    rng = np.random.default_rng(9)
+    shape = (3, 2, 5, 4)
+    x = rng.standard_normal(shape).astype(np.float32)
+    probe = conv(num_output=4, pad=1)
+    probe.setup([shape], "cuda")
+    col = probe.k * probe.out_h * probe.out_w * 4
+    dy = rng.standard_normal(probe.top_shapes[0]).astype(np.float32)
+    params = random_bias(probe, rng)
+    results = {}
+    for name, workspace, chunk in (("one sample", 64 * MiB, 0), ("chunks of 2", 2 * col, 2),
+                                   ("all 3", 64 * MiB, 3)):
+        layer = conv(num_output=4, pad=1, max_workspace=workspace)
+        if chunk == 0:
+            monkeypatch.setattr(layer, "_batch_chunk", lambda n: 0)
+        results[name] = forward_backward("cuda", layer, x, dy, params, device_kind="cuda")
+        assert layer._batch_chunk(shape[0]) == chunk
+    expected = results["one sample"]
+    for name in ("chunks of 2", "all 3"):
+        got = results[name]
+        np.testing.assert_array_equal(got[0], expected[0], err_msg=name)
+        np.testing.assert_allclose(got[1], expected[1], rtol=1e-5, atol=1e-5, err_msg=name)
+        for key in expected[2]:
+            np.testing.assert_allclose(got[2][key], expected[2][key], rtol=1e-5, atol=1e-5,
+                                       err_msg=f"{name} {key}")
