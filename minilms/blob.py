@@ -12,10 +12,12 @@ slot back to the pool: a dirty blob that is still needed is copied home first (s
 blob is dropped without a copy. Data that is still needed is never lost.
 
 The host copy (the *home*) is allocated on first need, not with the blob: a blob that lives its
-whole life in the pool (workspace; with LMS off, nearly everything) never has one. Whoever must
-not allocate mid-iteration gives homes up front with ``ensure_home`` (the LMS executor does, for
-the blobs its plan says need one: ``minilms.lms.host``). ``has_home`` says whether one exists;
-``host`` is the raw host copy, and gives a blob without one a home that is never garbage.
+whole life in the pool (workspace; with LMS off, nearly everything) never has one. Whoever must not
+allocate mid-iteration gives homes up front with ``ensure_home`` (the LMS executor does, for the
+blobs its plan says need one: ``minilms.lms.host``), page-locked for those that cross the link every
+iteration (``page_locked``), or shares them out of one arena (``share_home``). ``has_home`` says
+whether one exists; ``host`` is the raw host copy, and gives a blob without one a home that is never
+garbage.
 """
 from enum import Enum
 
@@ -47,6 +49,7 @@ class Blob:
         self.dtype = np.dtype(dtype)
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self._host: np.ndarray | None = None
+        self.page_locked = False   # whether the home is page-locked (pinned) memory
         self.state = State.UNINITIALIZED
         self.slot: Slot | None = None
         self._device_view = None
@@ -58,20 +61,25 @@ class Blob:
         """Whether the host copy has been allocated."""
         return self._host is not None
 
-    def ensure_home(self) -> np.ndarray:
-        """Allocate the host copy if there is none (``device.alloc_host``: pinned on ``cuda``),
-        and return it. The state is unchanged: a fresh home holds nothing valid, and no state
-        says it does (the head is never ``host`` or ``synced`` without one)."""
-        if self._host is None:
-            self._host = self.device.alloc_host(self.shape, self.dtype)
+    def ensure_home(self, page_locked: bool = False) -> np.ndarray:
+        """Allocate the host copy if there is none (``device.alloc_host``), and return it;
+        ``page_locked`` asks for pinned memory (a pageable home is moved into a new pinned one,
+        its contents kept). The state is unchanged: a fresh home holds nothing valid, and no
+        state says it does (the head is never ``host`` or ``synced`` without one)."""
+        if self._host is None or (page_locked and not self.page_locked):
+            home = self.device.alloc_host(self.shape, self.dtype, page_locked)
+            if self._host is not None:
+                home[...] = self._host
+            self._host, self.page_locked = home, page_locked
         return self._host
 
-    def share_home(self, rows: np.ndarray) -> None:
-        """Make ``rows`` (rows of another blob's home: a chunk's samples) this blob's home."""
+    def share_home(self, rows: np.ndarray, page_locked: bool = False) -> None:
+        """Make ``rows`` (rows of another blob's home: a chunk's samples; or a piece of an arena
+        of homes) this blob's home; ``page_locked`` says whether that memory is pinned."""
         if rows.shape != self.shape or rows.dtype != self.dtype:
             raise ValueError(f"blob {self.name}: a home of {rows.shape} {rows.dtype} for a blob "
                              f"of {self.shape} {self.dtype}")
-        self._host = rows
+        self._host, self.page_locked = rows, page_locked
 
     @property
     def host(self) -> np.ndarray:

@@ -8,7 +8,9 @@ are found by importing every module of ``minilms.kernels``, so a new family is c
 its kernels use ``@cuda_kernel``.
 
 Exit status: 1 if a kernel module fails to import or a kernel fails to compile or assemble; with
-``--check`` (what CI runs), also if any kernel spills registers. The offending kernels are named
+``--check`` (what CI runs), also if any kernel spills registers. With ``nvdisasm`` (``$NVDISASM``
+or on PATH; ``scripts/get_nvdisasm.sh``), the last column is the share of FFMA among the SASS
+instructions of each kernel's inner loop (``minilms.kernels.sass``). The offending kernels are named
 on stderr. ``--json`` prints the results as JSON on stdout instead of the table.
 """
 import os
@@ -22,12 +24,13 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
-from minilms.kernels import ptx  # noqa: E402
+from minilms.kernels import ptx, sass  # noqa: E402
 
 COLUMNS = (("kernel", "kernel", "<"), ("signature", "signature", "<"), ("arch", "arch", "<"),
            ("block", "threads_per_block", ">"), ("regs", "registers", ">"),
            ("spill B", "spills", ">"), ("stack B", "stack", ">"), ("smem B", "smem", ">"),
-           ("occupancy", "occupancy", ">"), ("limited by", "limiter", "<"))
+           ("occupancy", "occupancy", ">"), ("limited by", "limiter", "<"),
+           ("loop FFMA", "loop", ">"))
 
 
 def format_table(results) -> str:
@@ -38,9 +41,10 @@ def format_table(results) -> str:
         row["signature"] = row["signature_short"]
         if result.error:
             rows.append([row["kernel"], row["signature"], row["arch"],
-                         str(row["threads_per_block"]), "FAILED", "", "", "", "", ""])
+                         str(row["threads_per_block"]), "FAILED", "", "", "", "", "", ""])
             continue
         row["occupancy"] = f"{100 * result.occupancy:.1f}%"
+        row["loop"] = loop_column(result)
         rows.append([str(row[key]) for _, key, _ in COLUMNS])
     header = [title for title, _, _ in COLUMNS]
     widths = [max(len(x) for x in column) for column in zip(header, *rows)]
@@ -52,6 +56,33 @@ def format_table(results) -> str:
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
+def loop_column(result) -> str:
+    """The inner loop's FFMA share from the SASS: ``71% (512/724)``; ``-`` where no loop has an
+    FFMA; ``n/a`` where no nvdisasm read the SASS."""
+    if result.loop_ffma is None:
+        return "n/a"
+    if not result.loop_ffma:
+        return "-"
+    return f"{100 * result.loop_ffma / result.loop_instructions:.0f}% " \
+           f"({result.loop_ffma}/{result.loop_instructions})"
+
+
+def write_gemm_sass(results, path) -> None:
+    """The GEMM kernels' sm_90 registers and inner-loop mix, with the digest of the source they
+    were compiled from (``gemm.source_digest``): tests/kernels/test_sass.py reads it."""
+    from minilms.kernels import gemm
+    rows = {r.kernel: {"registers": r.registers, "ffma": r.loop_ffma,
+                       "instructions": r.loop_instructions}
+            for r in results if r.kernel.startswith("gemm.") and r.arch == "sm_90"}
+    if len(rows) != 4 or any(row["ffma"] is None for row in rows.values()):
+        raise SystemExit("kernel_report: --write-gemm-sass needs nvdisasm and the four GEMM "
+                         "kernels on sm_90")
+    with open(path, "w") as file:
+        json.dump({"source_digest": gemm.source_digest(), "arch": "sm_90",
+                   "nvdisasm": sass.nvdisasm_version(), "kernels": rows}, file, indent=1)
+        file.write("\n")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
@@ -61,6 +92,9 @@ def main(argv=None) -> int:
                         help="only these kernels (<module>.<function>)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--jobs", type=int, default=1, help="compile in this many processes")
+    parser.add_argument("--write-gemm-sass", metavar="FILE",
+                        help="write the GEMM kernels' sm_90 inner-loop mix as the golden record "
+                             "the tests hold without nvdisasm (tests/golden/gemm_sass.json)")
     args = parser.parse_args(argv)
 
     began = time.perf_counter()
@@ -74,6 +108,8 @@ def main(argv=None) -> int:
         print(f"kernel_report: {error}", file=sys.stderr)
         return 1
     found = ptx.problems(results, failures, args.check)
+    if args.write_gemm_sass:
+        write_gemm_sass(results, args.write_gemm_sass)
 
     if args.json:
         json.dump({"ptxas": ptx.ptxas_path(), "arches": args.arch, "kernels": sorted(kernels),
@@ -83,7 +119,8 @@ def main(argv=None) -> int:
     else:
         print(format_table(results))
         print(f"\n{len(kernels)} kernels, {len(results)} compilations in "
-              f"{time.perf_counter() - began:.1f} s; ptxas: {ptx.ptxas_path()}")
+              f"{time.perf_counter() - began:.1f} s; ptxas: {ptx.ptxas_path()}; nvdisasm: "
+              f"{sass.nvdisasm_path() or 'none (loop FFMA n/a: scripts/get_nvdisasm.sh)'}")
     if found:
         print(f"\nkernel_report: {len(found)} problem(s):", file=sys.stderr)
         for problem in found:

@@ -76,7 +76,7 @@ def test_cpu_copy_stream_overlaps_with_the_caller():
     with make_device("cpu", 2 * nbytes, link=1.0) as device:
         view = device.view(device.pool.allocate(nbytes, "x"), (nbytes,), np.uint8)
         host = np.ones(nbytes, np.uint8)
-        start, done = device.event(), device.event()
+        start, done = device.event(timing=True), device.event(timing=True)
         start.record(device.copy_stream)
         began = time.perf_counter()
         device.h2d(view, host, stream=device.copy_stream)
@@ -172,3 +172,17 @@ def test_bad_kind():
 def test_cpu_device_rejects_a_link_on_cuda():
     with pytest.raises(ConfigError, match="device.link"):
         make_device("cuda", "1MiB", link="pcie3")
+
+
+def test_events_keep_time_only_when_asked():
+    """As in CUDA, an event made without timing orders and waits but has no elapsed time; the
+    executor's ordering events are made so, the trace's step timings with ``timing=True``."""
+    with make_device("cpu", 4096) as device:
+        untimed, timed = device.event(), device.event(timing=True)
+        for event in (untimed, timed):
+            event.record(device.copy_stream)
+            event.synchronize()
+            assert event.query()
+        with pytest.raises(RuntimeError, match="without timing"):
+            untimed.elapsed_time(timed)
+        assert timed.elapsed_time(timed) == 0.0

@@ -12,6 +12,7 @@ from minilms.lms import (
     LmsExecutor,
     Policy,
     ResidentExecutor,
+    crossing,
     homes,
     host_memory,
     least_pool,
@@ -56,6 +57,18 @@ def walked(plan) -> set:
             found.add(action.blob)
     found.update(n for n, info in plan.blobs.items() if info.role in ("param", "optimizer_state"))
     return found | set(plan.host_inputs) | set(plan.outputs)
+
+
+def walked_crossing(plan) -> set:
+    """The homes page-locked on cuda, by walking the plan: what a step or the epilogue copies or
+    reduces, the inputs and the outputs (not what only the prologue loads)."""
+    found = set(plan.host_inputs) | set(plan.outputs)
+    for step_plan in plan.steps:
+        for action in step_plan.release + step_plan.demand + step_plan.prefetch:
+            if action.kind in ("swap_in", "swap_out", "sync", "reduce"):
+                found.add(action.blob)
+    found.update(a.blob for a in plan.epilogue if a.kind in ("swap_out", "sync"))
+    return found
 
 
 def test_lms_off_gives_homes_only_to_what_the_host_touches():
@@ -114,7 +127,7 @@ def test_lms_on_gives_homes_to_swapped_blobs_before_the_first_iteration(policy, 
 def test_the_figure_is_the_sum_of_the_walked_plan(kind, policy):
     """The figure, from a plan alone (no device): the bytes of the blobs found by walking the
     plan, plus the pool on ``cpu`` (its arena is host RAM), plus the loader's batches; pinned is
-    the homes on ``cuda``, none on ``cpu``."""
+    the homes that cross the link every iteration on ``cuda``, none on ``cpu``."""
     inputs = batch(2, 2, 6, classes=3)
     net = make_net(DAG, inputs)
     steps = net.schedule(("momentum",))
@@ -130,7 +143,9 @@ def test_the_figure_is_the_sum_of_the_walked_plan(kind, policy):
     pool = plan.capacity if kind == "cpu" else 0
     assert figure.pool == pool
     assert figure.total == blob_bytes + pool + 4 * one_batch
-    assert figure.pinned == (blob_bytes if kind == "cuda" else 0)
+    locked = sum(net.blobs[n].nbytes for n in walked_crossing(plan))
+    assert figure.pinned == (locked if kind == "cuda" else 0)
+    assert 0 < locked <= blob_bytes
     assert figure.pageable == figure.total - figure.pinned
     text = figure.describe()
     assert text.startswith(f"{format_bytes(figure.total)} (pinned ") and "blob homes of" in text
@@ -233,3 +248,55 @@ def test_fill_gives_the_initial_values_bit_for_bit():
     with pytest.raises(ValueError, match="C-contiguous"):
         ParamSpec("w", (4, 4), "he").fill(np.empty((4, 8), np.float32)[:, ::2],
                                           np.random.default_rng(0))
+
+
+@pytest.mark.cuda
+def test_only_what_crosses_the_link_is_page_locked_in_one_arena_for_every_program(monkeypatch):
+    """On cuda: the parameters and optimizer state a step moves and every per-iteration home
+    are page-locked, nothing else; the per-iteration homes of all programs (batches of 4, a
+    smaller last batch of 3, evaluation) come out of one arena allocated once, as large as the
+    largest program's; no page-locked memory is allocated after the first program. The kernels
+    are counted, not run (``counting_launches(run=False)``): this is about host memory."""
+    from minilms.kernels.common import counting_launches
+    batches = [batch(4, 3, 32, 4, 0), batch(4, 3, 32, 4, 1), batch(3, 3, 32, 4, 2)]
+    net = make_net(RESNET, batches[0])
+    capacity = int(1.3 * least_pool(net, net.schedule(("momentum",))))
+    with new_device("cuda", capacity) as device, counting_launches(run=False):
+        locked = []
+        alloc_host = device.alloc_host
+
+        def recorded(shape, dtype, page_locked=False):
+            if page_locked:
+                locked.append(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+            return alloc_host(shape, dtype, page_locked)
+        monkeypatch.setattr(device, "alloc_host", recorded)
+        executor = LmsExecutor(make_net(RESNET, batches[0]), device, SGD(0.01, momentum=0.9))
+        first = list(locked)
+        for inputs in batches:
+            executor.iterate(inputs)
+            plan = executor.plan
+            assert {n for n, b in executor.blobs.items() if b.page_locked} == \
+                walked_crossing(plan) | {n for n in plan.chunks if n in walked(plan)}
+            assert not any(executor.blobs[n].page_locked for n in homes(plan)
+                           if n not in walked_crossing(plan))
+            assert set(crossing(plan)) == walked_crossing(plan)
+        executor.iterate(batches[0], train=False)
+        assert len(executor.programs) == 3 and locked == first
+        arena = executor.arena.nbytes
+        for program in executor.programs.values():
+            per_iteration = [program.blobs[n].nbytes for n in homes(program.plan)
+                             if n not in executor.shared]
+            assert sum(per_iteration) <= arena
+        moved_state = {n for program in executor.programs.values()
+                       for n in crossing(program.plan) if n in executor.shared}
+        swapped_state = sum(executor.shared[n].nbytes for n in moved_state)
+        assert sum(first) == arena + swapped_state
+    resident = resident_bytes(net, net.schedule(("momentum",)))
+    with new_device("cuda", resident) as device, counting_launches(run=False):
+        off = LmsExecutor(make_net(RESNET, batches[0]), device, SGD(0.01, momentum=0.9),
+                          Policy(enabled=False))
+        off.iterate(batches[0])
+        locked_off = {n for n, b in off.blobs.items() if b.page_locked}
+        assert locked_off == set(off.plan.host_inputs) | set(off.plan.outputs) | {"loss.grad"}
+        figure = host_memory(off.plan, "cuda")       # the parameters' homes are not pinned
+        assert figure.pinned == sum(off.blobs[n].nbytes for n in locked_off) < figure.home_bytes

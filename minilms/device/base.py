@@ -2,9 +2,9 @@
 
 A device owns one buffer of ``capacity`` bytes, allocated once, and a ``Pool`` that sub-allocates
 it. Everything a kernel touches is a view of that buffer (``view``). Host copies come from
-``alloc_host`` (pinned memory on ``cuda``). Copies run on a stream: ``compute_stream`` is where
-kernels run; ``copy_stream`` lets transfers overlap with them. With ``stream=None`` a copy is
-synchronous: it is complete when the call returns.
+``alloc_host`` (page-locked on ``cuda`` when asked: for what crosses the link every iteration).
+Copies run on a stream: ``compute_stream`` is where kernels run; ``copy_stream`` lets transfers
+overlap with them. With ``stream=None`` a copy is synchronous: it is complete when the call returns.
 """
 from abc import ABC, abstractmethod
 
@@ -35,8 +35,10 @@ class Device(ABC):
         """A uint8 view of ``nbytes`` of the buffer from ``offset``."""
 
     @abstractmethod
-    def alloc_host(self, shape, dtype) -> np.ndarray:
-        """A host array for a blob's home copy (pinned on ``cuda``), contents undefined."""
+    def alloc_host(self, shape, dtype, page_locked: bool = False) -> np.ndarray:
+        """A host array for a blob's home copy, contents undefined. ``page_locked`` (pinned, on
+        ``cuda``) for copies that must run asynchronously; page-locked memory is scarce (the OS
+        cannot page it out), so only what crosses the link every iteration asks for it."""
 
     @abstractmethod
     def h2d(self, dst, src: np.ndarray, stream=None, label: str = "") -> None:
@@ -55,8 +57,10 @@ class Device(ABC):
         """A new host array with the contents of device view ``src`` (for tests and inspection)."""
 
     @abstractmethod
-    def event(self):
-        """A new event: ``record(stream)``, ``wait(stream)``, ``synchronize()``, ``query()``."""
+    def event(self, timing: bool = False):
+        """A new event: ``record(stream)``, ``wait(stream)``, ``synchronize()``, ``query()``;
+        with ``timing``, ``elapsed_time(end)`` too. As in CUDA, an event that only orders or
+        waits is made without timing, which is cheaper to record."""
 
     @abstractmethod
     def synchronize(self) -> None:

@@ -66,9 +66,10 @@ class CpuEvent:
     """A marker in a stream. As in CUDA, an event never recorded counts as complete, and ``wait``
     waits for the latest ``record`` made before it."""
 
-    def __init__(self):
+    def __init__(self, timing: bool = False):
         self._done = threading.Event()
         self._done.set()
+        self.timing = timing
         self.time: float | None = None
 
     def record(self, stream: CpuStream) -> None:
@@ -89,7 +90,10 @@ class CpuEvent:
         return self._done.is_set()
 
     def elapsed_time(self, end: "CpuEvent") -> float:
-        """Milliseconds from this event to ``end``, both complete."""
+        """Milliseconds from this event to ``end``, both complete and made with ``timing``."""
+        if not (self.timing and end.timing):
+            raise RuntimeError("elapsed_time of an event made without timing (device.event("
+                               "timing=True) makes one that keeps its time)")
         self.synchronize()
         end.synchronize()
         return (end.time - self.time) * 1e3
@@ -113,8 +117,8 @@ class CpuDevice(Device):
     def _bytes(self, offset: int, nbytes: int):
         return self._arena[offset:offset + nbytes]
 
-    def alloc_host(self, shape, dtype) -> np.ndarray:
-        return np.empty(shape, dtype)
+    def alloc_host(self, shape, dtype, page_locked: bool = False) -> np.ndarray:
+        return np.empty(shape, dtype)   # the host's memory is the device's: nothing to lock
 
     def h2d(self, dst: np.ndarray, src: np.ndarray, stream: CpuStream | None = None,
             label: str = "") -> None:
@@ -152,8 +156,8 @@ class CpuDevice(Device):
     def to_host(self, src: np.ndarray) -> np.ndarray:
         return np.array(src, copy=True)
 
-    def event(self) -> CpuEvent:
-        return CpuEvent()
+    def event(self, timing: bool = False) -> CpuEvent:
+        return CpuEvent(timing)
 
     def synchronize(self) -> None:
         self.copy_stream.synchronize()

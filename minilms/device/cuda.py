@@ -1,7 +1,8 @@
 """The ``cuda`` device: a real GPU through numba.cuda, or the Numba CUDA simulator.
 
-The pool is one ``device_array`` of uint8; blobs are typed views of it. Host copies are pinned so
-copies on the copy stream are truly asynchronous and overlap with kernels on the compute stream.
+The pool is one ``device_array`` of uint8; blobs are typed views of it. Host copies that cross the
+link every iteration are page-locked (pinned) so that copies on the copy stream are truly
+asynchronous and overlap with kernels on the compute stream; the others are ordinary memory.
 """
 import numba
 import numpy as np
@@ -30,8 +31,8 @@ class CudaDevice(Device):
     def _bytes(self, offset: int, nbytes: int):
         return self._buffer[offset:offset + nbytes]
 
-    def alloc_host(self, shape, dtype) -> np.ndarray:
-        return cuda.pinned_array(shape, dtype=dtype)
+    def alloc_host(self, shape, dtype, page_locked: bool = False) -> np.ndarray:
+        return cuda.pinned_array(shape, dtype=dtype) if page_locked else np.empty(shape, dtype)
 
     def h2d(self, dst, src: np.ndarray, stream=None, label: str = "") -> None:
         _check_same(dst, src)
@@ -64,11 +65,12 @@ class CudaDevice(Device):
     def to_host(self, src) -> np.ndarray:
         return src.copy_to_host()
 
-    def event(self):
-        event = cuda.event()  # timing is on by default
+    def event(self, timing: bool = False):
         if self.simulated:  # the simulator runs everything at once, and its Event lacks query()
+            event = cuda.event()
             event.query = lambda: True
-        return event
+            return event
+        return cuda.event(timing=timing)
 
     def synchronize(self) -> None:
         cuda.synchronize()

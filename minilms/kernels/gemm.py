@@ -8,13 +8,16 @@ CPU: numpy's matmul, which is BLAS (``sgemm``/``dgemm``) for float32/float64; tr
 to BLAS as views, never copied. CUDA: a tiled kernel per transpose combination (``gemm_nn``,
 ``gemm_nt``, ``gemm_tn``, ``gemm_tt``, as BLAS names them), float32, C-contiguous arrays.
 
-The CUDA kernel tiles ``c`` into ``BM x BN`` blocks. For each ``BK``-deep slice of K, the block's
-``THREADS`` threads stage an ``op(a)`` tile and an ``op(b)`` tile in shared memory; then every
-thread accumulates a ``TM x TN`` register tile of outputs (register blocking: each value read from
-shared memory feeds ``TM`` or ``TN`` FMAs instead of one). A thread's outputs are strided by
-``TY``/``TX`` rather than adjacent, so a warp's shared-memory reads hit distinct banks (or
-broadcast) and its global stores of ``c`` are coalesced. Bounds are checked only where tiles are
-loaded and ``c`` is stored, so any M, N, K work (K = 0 included: ``c = beta * c``).
+The CUDA kernel tiles ``c`` into ``BM x BN = 128 x 128`` blocks of 256 threads. For each
+``BK = 8``-deep slice of K, the threads stage an ``op(a)`` tile and an ``op(b)`` tile in shared
+memory; then every thread accumulates a ``TM x TN = 8 x 8`` register tile of outputs (register
+blocking: each value read from shared memory feeds 8 FMAs). A thread's rows (and columns) come
+in groups of four adjacent ones, 64 apart, so that a step of k reads them as four 16-byte shared
+loads, and the eight steps of a slice are unrolled: 512 FMAs against 32 shared loads per slice.
+Indices are unsigned 32-bit, so the compiler drops numba's wrap-around of negative indices and
+addresses each load as a base and a constant. Bounds are checked only where tiles are loaded and
+``c`` is stored, so any M, N, K work (K = 0 included: ``c = beta * c``). docs/kernels.md has the
+design and its SASS.
 
 Batched (``gemm_batched``): ``a``, ``b``, ``c`` are 3-D, ``[batch, rows, cols]``. An operand with
 a batch of 1 is broadcast (a convolution's weight against a chunk of samples' columns). ``c``
@@ -24,8 +27,9 @@ samples around its K loop, so the sum's order is fixed and no atomics are needed
 over a chunk of samples is then one launch, whatever the chunk's size. The 2-D ``gemm`` is the
 batch of one, through the same four kernels.
 """
+import numba
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, uint32
 
 from .common import launch, view
 from .registry import cuda_kernel, on_cpu
@@ -34,135 +38,185 @@ __all__ = ["gemm", "gemm_batched", "GEMM_KERNELS", "BM", "BN", "BK", "TM", "TN",
 
 # The tile shape. Module constants, so the kernel sees them as compile-time constants (loops over
 # TM/TN unroll and `acc` lives in registers); the simulator reads them at run time, which lets the
-# tests shrink the tile to keep simulated runs fast. BK = 8 keeps every variant at <= 64 registers
-# (50% occupancy); BK = 16 costs 72-92 registers for the extra load addresses kept live.
-BM, BN, BK = 64, 64, 8      # block tile of c, and the K slice staged per iteration
-TM, TN = 4, 4               # outputs per thread
+# tests shrink the tile to keep simulated runs fast. 128 x 128 x 8 with 8 x 8 per thread takes 107
+# registers on sm_90 (two blocks of 256 threads per SM), no spills.
+BM, BN, BK = 128, 128, 8
+TM, TN = 8, 8
+
+
+DERIVED = ("TY", "TX", "THREADS", "A_ROW", "B_ROW", "VM", "VN")
 
 
 def derived_constants(bm, bn, bk, tm, tn):
-    """``(TY, TX, THREADS, A_ROW, B_ROW)`` for a tile shape, after checking the kernel can use it.
+    """The ``DERIVED`` constants of a tile shape, after checking the kernel can use it.
 
     Shared rows are padded so that the non-transposed loads, whose warp spans ``bk`` values of k and
     ``32 // bk`` of m (or n), store to distinct banks: a row stride of ``32 // bk`` (mod 32) puts
     element ``[k, m]`` in bank ``k * (32 // bk) + m``; unpadded, those stores conflict ``bk``-way.
+    With ``bk = 8`` the rows stay whole 16-byte groups (``VM``, ``VN``: below).
     """
     ty, tx = bm // tm, bn // tn
     threads = ty * tx
     # Each load pass covers whole rows of a tile, and every thread makes the same number of passes.
     if bm % tm or bn % tn or any(threads % x for x in (bm, bn, bk)) \
-            or (bm * bk) % threads or (bk * bn) % threads:
+            or (bm * bk) % threads or (bk * bn) % threads \
+            or bk % 8 or tm % min(4, tm) or tn % min(4, tn):   # k unrolled by 8; groups of 4
         raise ValueError(f"gemm tile {bm}x{bn}x{bk} / {tm}x{tn} per thread does not divide evenly")
-    return ty, tx, threads, bm + 32 // bk, bn + 32 // bk
+    return ty, tx, threads, bm + 32 // bk, bn + 32 // bk, min(4, tm), min(4, tn)
 
 
 # Numba needs shared shapes as plain constants, hence names rather than inline sums.
-TY, TX, THREADS, A_ROW, B_ROW = derived_constants(BM, BN, BK, TM, TN)
+# A thread's rows of the tile are VM adjacent ones, then VM more TY * VM further on, and so on
+# (its columns likewise): each group is one 16-byte shared load (LDS.128), and a warp's loads of a
+# group touch distinct banks or broadcast.
+TY, TX, THREADS, A_ROW, B_ROW, VM, VN = derived_constants(BM, BN, BK, TM, TN)
+
+
+# Shared tiles are 16-byte aligned so that the compiler can prove the grouped loads aligned (the
+# simulator takes no alignment).
+SHARED_ALIGN = None if numba.config.ENABLE_CUDASIM else 16
+
+
+@cuda.jit(device=True, inline="always")  # IR-inlined: compile_ptx needs no GPU
+def _outer_product(a_tile, b_tile, kk, ty, tx, acc, a_frag, b_frag):
+    """``acc += a_tile[kk, rows] (x) b_tile[kk, cols]``: the thread's ``TM x TN`` outputs take one
+    step of k, ``TM + TN`` values loaded from shared memory (in groups of four) feeding
+    ``TM * TN`` FMAs."""
+    for i in range(TM):
+        a_frag[i] = a_tile[kk, (i // VM) * (TY * VM) + ty * VM + i % VM]
+    for j in range(TN):
+        b_frag[j] = b_tile[kk, (j // VN) * (TX * VN) + tx * VN + j % VN]
+    for i in range(TM):
+        for j in range(TN):
+            acc[i, j] += a_frag[i] * b_frag[j]
 
 
 def _gemm_kernel(trans_a, trans_b):
     """The kernel for one transpose combination, registered as ``gemm.gemm_<nn|nt|tn|tt>``.
 
     The flags are closure constants, so each kernel is compiled with only its own index math: with
-    runtime flags both load paths' addresses stay live across the K loop (85-92 registers, not 64).
+    runtime flags both load paths' addresses stay live across the K loop.
     """
-    def kernel(a, b, c, alpha, beta):
+    def kernel(a, b, c, m_size, n_size, k_size, a_step, b_step, per, alpha, beta):
         """One ``BM x BN`` tile of ``c[z]`` per block, ``THREADS`` threads (1-D) per block.
 
-        Grid: ``(ceil(N / BN), ceil(M / BM), c.shape[0])``. ``a[s]`` is ``[M, K]`` (``[K, M]``
-        if ``trans_a``), ``b[s]`` is ``[K, N]`` (``[N, K]`` if ``trans_b``); both tiles are
-        stored k-major: ``a_tile[k, m]``, ``b_tile[k, n]``. Block z sums the samples
-        ``s = z * per .. z * per + per - 1`` (``per`` is 1 unless ``c`` has a batch of 1); an
-        operand with a batch of 1 is the same for every sample.
+        Grid: ``(ceil(N / BN), ceil(M / BM), batch of c)``. The operands come flat (C order):
+        sample ``s`` of ``a`` is ``[M, K]`` (``[K, M]`` if ``trans_a``) from element
+        ``s * a_step``, of ``b`` ``[K, N]`` (``[N, K]`` if ``trans_b``) from ``s * b_step`` (a
+        step of 0: one sample serves all). Block z sums the samples ``z * per`` to
+        ``z * per + per - 1`` into ``c[z]``. Both tiles are stored k-major: ``a_tile[k, m]``,
+        ``b_tile[k, n]``.
+
+        Indices are unsigned (the launcher checks that a sample's offsets fit 32 bits): the
+        compiler then knows they are never negative, numba's wrap-around of negative indices
+        folds away, and each shared load is one instruction at a constant offset from a base.
         """
-        a_tile = cuda.shared.array((BK, A_ROW), float32)
-        b_tile = cuda.shared.array((BK, B_ROW), float32)
+        a_tile = cuda.shared.array((BK, A_ROW), float32, alignment=SHARED_ALIGN)
+        b_tile = cuda.shared.array((BK, B_ROW), float32, alignment=SHARED_ALIGN)
         acc = cuda.local.array((TM, TN), float32)
         a_frag = cuda.local.array(TM, float32)
         b_frag = cuda.local.array(TN, float32)
 
-        m_size = c.shape[1]
-        n_size = c.shape[2]
-        k_size = a.shape[1] if trans_a else a.shape[2]
-        samples = max(a.shape[0], b.shape[0])
-        per = samples // c.shape[0]            # samples summed into this block's c
-        z = cuda.blockIdx.z
-        tid = cuda.threadIdx.x
-        ty = tid // TX
-        tx = tid % TX
-        m0 = cuda.blockIdx.y * BM
-        n0 = cuda.blockIdx.x * BN
+        tid = uint32(cuda.threadIdx.x)
+        ty = tid // uint32(TX)
+        tx = tid % uint32(TX)
+        m0 = uint32(cuda.blockIdx.y) * uint32(BM)
+        n0 = uint32(cuda.blockIdx.x) * uint32(BN)
+        z = uint32(cuda.blockIdx.z)
         zero = float32(0.0)
         # Where this thread loads from: consecutive threads take consecutive elements along the
         # axis that is contiguous in memory (coalescing), whichever axis of the tile that is; the
         # other axis steps by THREADS // (tile extent) per load. Out-of-range elements are staged
         # as zeros, so the compute loop needs no bounds checks.
-        a_fast = tid % (BM if trans_a else BK)
-        a_slow = tid // (BM if trans_a else BK)
-        b_fast = tid % (BK if trans_b else BN)
-        b_slow = tid // (BK if trans_b else BN)
+        a_fast = tid % uint32(BM if trans_a else BK)
+        a_slow = tid // uint32(BM if trans_a else BK)
+        b_fast = tid % uint32(BK if trans_b else BN)
+        b_slow = tid // uint32(BK if trans_b else BN)
 
         for i in range(TM):
             for j in range(TN):
                 acc[i, j] = zero
 
         for s in range(z * per, z * per + per):
-            sa = s if a.shape[0] > 1 else 0     # an operand of one sample serves every sample
-            sb = s if b.shape[0] > 1 else 0
+            a_at = s * a_step       # where this sample's operands start
+            b_at = s * b_step
             for k0 in range(0, k_size, BK):
+                k0 = uint32(k0)
                 for load in range(BM * BK // THREADS):
                     if trans_a:
                         mm = a_fast
-                        kk = a_slow + load * (THREADS // BM)
+                        kk = a_slow + uint32(load * (THREADS // BM))
                     else:
                         kk = a_fast
-                        mm = a_slow + load * (THREADS // BK)
-                    m = m0 + mm
-                    k = k0 + kk
+                        mm = a_slow + uint32(load * (THREADS // BK))
+                    m = uint32(m0 + mm)
+                    k = uint32(k0 + kk)
                     value = zero
                     if m < m_size and k < k_size:
-                        value = a[sa, k, m] if trans_a else a[sa, m, k]
+                        value = a[a_at + (uint32(k * m_size + m) if trans_a
+                                          else uint32(m * k_size + k))]
                     a_tile[kk, mm] = value
                 for load in range(BK * BN // THREADS):
                     if trans_b:
                         kk = b_fast
-                        nn = b_slow + load * (THREADS // BK)
+                        nn = b_slow + uint32(load * (THREADS // BK))
                     else:
                         nn = b_fast
-                        kk = b_slow + load * (THREADS // BN)
-                    n = n0 + nn
-                    k = k0 + kk
+                        kk = b_slow + uint32(load * (THREADS // BN))
+                    n = uint32(n0 + nn)
+                    k = uint32(k0 + kk)
                     value = zero
                     if n < n_size and k < k_size:
-                        value = b[sb, n, k] if trans_b else b[sb, k, n]
+                        value = b[b_at + (uint32(n * k_size + k) if trans_b
+                                          else uint32(k * n_size + n))]
                     b_tile[kk, nn] = value
                 cuda.syncthreads()
-
-                for kk in range(BK):
-                    for i in range(TM):
-                        a_frag[i] = a_tile[kk, ty + i * TY]
-                    for j in range(TN):
-                        b_frag[j] = b_tile[kk, tx + j * TX]
-                    for i in range(TM):
-                        for j in range(TN):
-                            acc[i, j] += a_frag[i] * b_frag[j]
+                # unrolled by hand, eight steps of k at a time: the compiler leaves a loop
+                # whose body is 64 FMAs rolled, and its counter and addresses then cost a
+                # third of the instructions
+                for kk in range(0, BK, 8):
+                    _outer_product(a_tile, b_tile, kk, ty, tx, acc, a_frag, b_frag)
+                    _outer_product(a_tile, b_tile, kk + 1, ty, tx, acc, a_frag, b_frag)
+                    _outer_product(a_tile, b_tile, kk + 2, ty, tx, acc, a_frag, b_frag)
+                    _outer_product(a_tile, b_tile, kk + 3, ty, tx, acc, a_frag, b_frag)
+                    _outer_product(a_tile, b_tile, kk + 4, ty, tx, acc, a_frag, b_frag)
+                    _outer_product(a_tile, b_tile, kk + 5, ty, tx, acc, a_frag, b_frag)
+                    _outer_product(a_tile, b_tile, kk + 6, ty, tx, acc, a_frag, b_frag)
+                    _outer_product(a_tile, b_tile, kk + 7, ty, tx, acc, a_frag, b_frag)
                 # The next iteration overwrites the tiles: everyone must be done reading them.
                 cuda.syncthreads()
 
+        c_at = z * m_size * n_size
         for i in range(TM):
-            m = m0 + ty + i * TY
+            m = m0 + uint32((i // VM) * (TY * VM) + i % VM) + ty * uint32(VM)
             if m < m_size:
                 for j in range(TN):
-                    n = n0 + tx + j * TX
+                    n = n0 + uint32((j // VN) * (TX * VN) + j % VN) + tx * uint32(VN)
                     if n < n_size:
+                        at = c_at + m * n_size + n
                         if beta == zero:
-                            c[z, m, n] = alpha * acc[i, j]
+                            c[at] = alpha * acc[i, j]
                         else:
-                            c[z, m, n] = alpha * acc[i, j] + beta * c[z, m, n]
+                            c[at] = alpha * acc[i, j] + beta * c[at]
 
     kernel.__name__ = kernel.__qualname__ = "gemm_" + "nt"[trans_a] + "nt"[trans_b]
-    return cuda_kernel("void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], float32, "
-                       "float32)", block=THREADS)(kernel)
+    return cuda_kernel("void(float32[::1], float32[::1], float32[::1], uint32, uint32, uint32, "
+                       "uint32, uint32, uint32, float32, float32)", block=THREADS)(kernel)
+
+
+# The least share of FFMA among the sm_90 SASS instructions of the four variants' inner loops
+# (scripts/kernel_report.py; tests/kernels/test_sass.py holds it to tests/golden/gemm_sass.json).
+# FFMA issue is the GEMM's ceiling: the share of peak it can reach at most. The ``cuda`` cost
+# model builds on it.
+INNER_LOOP_FFMA_SHARE = 0.70
+
+
+def source_digest() -> str:
+    """A digest of what the CUDA kernels are compiled from (their source and tile constants):
+    the golden record of their SASS (tests/golden/gemm_sass.json) names the digest it was made
+    from, so a changed kernel with an old record fails its test."""
+    from .sass import source_digest as digest
+    return digest(_gemm_kernel, _outer_product, (BM, BN, BK, TM, TN))
 
 
 # Indexed by (trans_a, trans_b), as BLAS does it: one kernel per transpose combination.
@@ -237,8 +291,17 @@ def _launch(a, b, c, m, n, trans_a, trans_b, alpha, beta, stream):
                          f"{grid[2]} batches (at most 65535 each)")
     # Scalars are cast to the registered signature's types, so what runs is what the PTX report
     # compiled (a Python float would be typed float64 and compile a second, unreported variant).
+    k = a.shape[1] if trans_a else a.shape[2]
+    if max(m * k, k * n, m * n) >= 2**32:
+        raise ValueError(f"gemm on CUDA: a {m}x{k} by {k}x{n} product has matrices of 2**32 "
+                         "elements or more (its indices are 32-bit)")
+    samples = max(a.shape[0], b.shape[0])
+    steps = [x.shape[1] * x.shape[2] if x.shape[0] > 1 else 0 for x in (a, b)]
     kernel = GEMM_KERNELS[bool(trans_a), bool(trans_b)]
-    launch(kernel, grid, THREADS, stream)(a, b, c, np.float32(alpha), np.float32(beta))
+    launch(kernel, grid, THREADS, stream)(
+        *(view(x, x.size) for x in (a, b, c)), np.uint32(m), np.uint32(n), np.uint32(k),
+        *map(np.uint32, steps), np.uint32(samples // c.shape[0]), np.float32(alpha),
+        np.float32(beta))
 
 
 def _check_shapes(a, b, c, trans_a, trans_b):

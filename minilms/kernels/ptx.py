@@ -2,6 +2,7 @@
 
 This is the check the simulator cannot make: that Numba can compile a kernel for a real GPU, and
 how it fares there: registers per thread, spills, static shared memory, theoretical occupancy.
+With ``nvdisasm`` at hand it also reads the SASS of each kernel's inner loop (``sass``).
 It needs no GPU, only the CUDA toolkit wheels (NVVM for ``numba.cuda.compile_ptx``, ``ptxas``);
 but it does need a process without the simulator (``NUMBA_ENABLE_CUDASIM=1`` replaces
 ``compile_ptx``), so the tests run it as a subprocess (``scripts/kernel_report.py``).
@@ -18,6 +19,8 @@ import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
 from math import prod
+
+from . import sass
 
 __all__ = ["ARCHS", "Arch", "FunctionResources", "Occupancy", "KernelReport", "parse_ptxas",
            "occupancy", "ptxas_path", "discover_kernels", "compile_kernel", "report",
@@ -203,6 +206,10 @@ class KernelReport:
     occupancy: float = 0.0
     limiter: str = ""
     error: str = ""           # a compile or assembly failure; empty when it compiled
+    # the SASS of its inner loop (``sass.inner_loop``): FFMA among instructions; None where no
+    # nvdisasm read it, (0, 0) where no loop has an FFMA
+    loop_ffma: int | None = None
+    loop_instructions: int | None = None
 
     @property
     def spills(self) -> int:
@@ -239,13 +246,16 @@ def compile_kernel(spec, signature: str, arch="sm_80", ptxas=None) -> KernelRepo
     except Exception as error:
         return KernelReport(**failed, error=f"compile_ptx: {type(error).__name__}: "
                                             f"{_first_lines(str(error))}")
+    loop = None
     with tempfile.TemporaryDirectory(prefix="minilms-ptx-") as folder:
-        source = os.path.join(folder, "kernel.ptx")
+        source, cubin = os.path.join(folder, "kernel.ptx"), os.path.join(folder, "kernel.cubin")
         with open(source, "w") as file:
             file.write(ptx)
         run = subprocess.run([ptxas or ptxas_path(), f"-arch={arch.name}", "-v", source,
-                              "-o", os.path.join(folder, "kernel.cubin")],
-                             capture_output=True, text=True)
+                              "-o", cubin], capture_output=True, text=True)
+        if run.returncode == 0 and sass.nvdisasm_path():
+            found = sass.inner_loop(sass.disassemble(cubin))
+            loop = (found.ffma, found.instructions) if found else (0, 0)
     if run.returncode != 0:
         return KernelReport(**failed, error=f"ptxas: {_first_lines(run.stderr or run.stdout)}")
     functions = parse_ptxas(run.stderr + run.stdout)
@@ -260,7 +270,8 @@ def compile_kernel(spec, signature: str, arch="sm_80", ptxas=None) -> KernelRepo
     occ = occupancy(threads, entry.registers, entry.smem, arch)
     return KernelReport(**failed, registers=entry.registers, stack=entry.stack,
                         spill_stores=stores, spill_loads=loads, smem=entry.smem,
-                        occupancy=occ.fraction, limiter=occ.limiter)
+                        occupancy=occ.fraction, limiter=occ.limiter,
+                        loop_ffma=loop and loop[0], loop_instructions=loop and loop[1])
 
 
 def report(arches=("sm_80", "sm_90"), names=None, jobs=1) -> tuple[list, dict]:

@@ -30,14 +30,29 @@ from .recompute import Recompute
 from .split import SplitRule, samples
 
 
-def to_device(host: np.ndarray, dst, stream=None) -> None:
-    """Copy the host array ``host`` into the device array ``dst`` (same size): ``np.copyto`` on the
-    ``cpu`` device, an H2D copy on ``stream`` on ``cuda``. ``host`` must stay alive until the copy
-    has completed (from pageable memory, CUDA stages it before returning)."""
-    if on_cpu(dst):
-        np.copyto(dst, host.reshape(dst.shape), casting="no")
-    else:
-        dst.copy_to_device(np.ascontiguousarray(host).reshape(dst.shape), stream=stream or 0)
+class MaskStaging:
+    """Where a mask is drawn on the host before it is copied to a ``cuda`` device: a page-locked
+    buffer, so that the copy is asynchronous on the step's stream (from pageable memory CUDA
+    stages the bytes and the host waits), reused from step to step. ``take`` waits for the last
+    copy out of it (long done, as a rule) before it is overwritten."""
+
+    def __init__(self):
+        self.buffer, self.copied = None, None
+
+    def take(self, shape) -> np.ndarray:
+        from numba import config, cuda
+        size = int(np.prod(shape))
+        if self.buffer is None or self.buffer.size < size:
+            self.buffer = cuda.pinned_array(size, np.uint8)
+            # an event that only orders keeps no time (the simulator's takes no arguments)
+            self.copied = cuda.event() if config.ENABLE_CUDASIM else cuda.event(timing=False)
+        else:
+            self.copied.synchronize()
+        return self.buffer[:size].reshape(shape)
+
+    def copy(self, host: np.ndarray, dst, stream=None) -> None:
+        dst.copy_to_device(host, stream=stream or 0)
+        self.copied.record(stream or 0)
 
 
 def _address(array) -> int:
@@ -71,7 +86,7 @@ class Dropout(Layer):
                 or not 0.0 <= value <= 1.0:
             raise ShapeError(self, "ratio", "a probability in [0, 1]", repr(value))
         self.ratio = float(value)
-        self._host_mask = None   # the last mask drawn: alive until its copy has been made
+        self._staging = MaskStaging()   # cuda: the page-locked buffer masks are drawn into
 
     def infer(self, bottom_shapes):
         shape = bottom_shapes[0]
@@ -93,9 +108,13 @@ class Dropout(Layer):
             return
         if io.rng is None:
             raise ShapeError(self, "forward", "a host RNG in training (StepIO.rng)", None)
-        self._host_mask = dropout_mask(io.rng, tuple(x.shape), self.ratio)
         mask = io.saved["mask"]
-        to_device(self._host_mask, mask, io.stream)
+        if on_cpu(mask):                  # drawn into the saved buffer itself
+            dropout_mask(io.rng, tuple(x.shape), self.ratio, out=mask)
+        else:
+            drawn = dropout_mask(io.rng, tuple(x.shape), self.ratio,
+                                 out=self._staging.take(tuple(x.shape)))
+            self._staging.copy(drawn, mask, io.stream)
         dropout_forward(x, mask, self.ratio, y, io.stream)
 
     def backward(self, io):

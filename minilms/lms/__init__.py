@@ -11,12 +11,12 @@ from .bounds import least_pool, resident_bytes, working_set_bytes
 from .check import check_plan
 from .cost import CostModel, auto_plan, measure_cpu, plan_for, simulate
 from .executor import Executor, ResidentExecutor
-from .host import HostMemory, homes, host_memory, loader_batches
+from .host import HomeArena, HostMemory, crossing, homes, host_memory, loader_batches
 from .plan import Action, Plan, Policy, StepPlan
 from .planner import make_plan
 from .replay import LmsExecutor
 
-__all__ = ["Action", "CostModel", "Executor", "HostMemory", "LmsExecutor", "Plan", "Policy",
-           "ResidentExecutor", "StepPlan", "auto_plan", "check_plan", "homes", "host_memory",
-           "least_pool", "loader_batches", "make_plan", "measure_cpu", "plan_for",
-           "resident_bytes", "simulate", "working_set_bytes"]
+__all__ = ["Action", "CostModel", "Executor", "HomeArena", "HostMemory", "LmsExecutor", "Plan",
+           "Policy", "ResidentExecutor", "StepPlan", "auto_plan", "check_plan", "crossing",
+           "homes", "host_memory", "least_pool", "loader_batches", "make_plan", "measure_cpu",
+           "plan_for", "resident_bytes", "simulate", "working_set_bytes"]

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..device.pool import ALIGNMENT
 from ..errors import PlanError
+from ..kernels.gemm import INNER_LOOP_FFMA_SHARE
 from ..layers.recompute import in_place, recompute_reads, recompute_writes
 from ..net import Net, Step
 from ..sizes import format_bytes
@@ -39,6 +40,16 @@ from .planner import collector_paused, make_plan, pinned_blobs
 from .substeps import plan_split, share_of_flops
 
 GB = 1e9
+
+# The cuda device's constants, each *predicted* (no GPU has measured them here), taken from the
+# kernels themselves where they can be:
+GPU_FP32_PEAK = 51.2e12      # FLOP/s: an H100 PCIe, 114 SMs x 128 FP32 lanes x 2 x 1.755 GHz
+GPU_MEMORY = 2.0e12          # bytes/s: its HBM2e
+GPU_LINK = 25 * GB           # bytes/s: PCIe 4.0 x16 as copies reach it, where no link is named
+LAUNCH_SECONDS = 50e-6       # host time a launch costs through numba-cuda (docs/kernels.md)
+LAUNCHES_PER_STEP = 2        # scripts/launch_count.py: ResNet-18 launches 322 in 180 steps
+COPY_SECONDS = 10e-6         # a cudaMemcpyAsync's host time
+
 PREFETCH_CHOICES = (1, 2, 3, 4, 6, 8)
 THRESHOLD_QUANTILES = (0.1, 0.25, 0.4, 0.5, 0.6, 0.75, 0.9)
 
@@ -54,17 +65,21 @@ class CostModel:
 
     @classmethod
     def for_device(cls, kind: str, link=None) -> "CostModel":
-        """Typical rates: the ``cpu`` device of a small machine, or a data-centre GPU; the copy
-        rate is the link's where one is modelled (and never above memory's)."""
-        flops, memory, copy = (40e9, 8 * GB, 6 * GB) if kind == "cpu" else \
-            (15e12, 1500 * GB, 25 * GB)
+        """Typical rates: the ``cpu`` device of a small machine, or a GPU; the copy rate is the
+        link's where one is modelled (and never above memory's). The GPU's are predicted from
+        the kernels: FLOP/s the FP32 peak times the GEMM's FFMA share (``cuda_flops``), a step
+        its launches' host time (``LAUNCHES_PER_STEP x LAUNCH_SECONDS``)."""
+        if kind == "cpu":
+            flops, memory, copy, fixed = 40e9, 8 * GB, 6 * GB, (100e-6, 30e-6)
+        else:
+            flops, memory, copy = cuda_flops(), GPU_MEMORY, GPU_LINK
+            fixed = (LAUNCHES_PER_STEP * LAUNCH_SECONDS, COPY_SECONDS)
         # a GPU copies at the link's rate; the cpu device no faster than memory
         if link is not None:
             copy = link.bytes_per_second if kind == "cuda" else min(copy, link.bytes_per_second)
         what = f"{kind}, link {link.name}" if link is not None else kind
-        # Python dispatch per step (cpu), a few launches per step (cuda); measured orders.
-        fixed = (100e-6, 30e-6) if kind == "cpu" else (30e-6, 10e-6)
-        return cls(flops, memory, copy, what, *fixed)
+        return cls(flops, memory, copy, what if kind == "cpu" else f"{what} (predicted)",
+                   *fixed)
 
     def with_link(self, link) -> "CostModel":
         copy = self.memory_bytes_per_second if link is None else \
@@ -90,6 +105,13 @@ class CostModel:
                 f"{self.memory_bytes_per_second / GB:.1f} GB/s, copies "
                 f"{self.copy_bytes_per_second / GB:.1f} GB/s, {self.step_seconds_fixed * 1e6:.0f} "
                 f"us a step, {self.copy_seconds_fixed * 1e6:.0f} us a copy")
+
+
+def cuda_flops() -> float:
+    """The GPU's FLOP/s for the cost model (predicted): its FP32 peak times the least share of
+    FFMA in the GEMM's inner loops, the ceiling the instruction mix sets (stalls, unmeasured
+    without a GPU, come below it)."""
+    return GPU_FP32_PEAK * INNER_LOOP_FFMA_SHARE
 
 
 def measure_cpu(link=None, repeat: int = 3) -> CostModel:

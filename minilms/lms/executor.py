@@ -60,7 +60,7 @@ class Executor:
             self._dispatch(step, train, solver)
             return
         if self.device.kind == "cuda":
-            begin, end = self.device.event(), self.device.event()
+            begin, end = self.device.event(timing=True), self.device.event(timing=True)
             begin.record(self.device.compute_stream)
             self._dispatch(step, train, solver)
             end.record(self.device.compute_stream)

@@ -9,10 +9,17 @@
   from there, sent there between plans). Every other blob, workspace always and with LMS off
   nearly everything, lives its whole life in the pool and has no home (``Blob.ensure_home``; the
   LMS executor gives exactly these blobs their homes before the first iteration).
-* **pinned** bytes: on ``cuda`` the homes are page-locked (``Device.alloc_host``), all of them,
-  and each of them crosses the link. **Pageable** bytes: everything else the host holds for the
-  run: the data loader's batches and, on ``cpu``, the homes and the pool itself, whose arena *is*
-  host RAM there (the simulated device's memory is the host's).
+* **pinned** bytes: on ``cuda`` the homes that cross the link every iteration (``crossing``:
+  swapped, synced or reduced by a step, the inputs and the outputs) are page-locked, so their
+  copies run asynchronously. Parameters and optimizer state that stay in the pool cross only
+  when a program starts or ends: their homes are ordinary memory. Page-locked memory cannot be
+  paged out, and pinning tens of GiB fails or starves the host. **Pageable** bytes: everything
+  else the host holds for the run: those homes, the data loader's batches and, on ``cpu``, the
+  pool itself, whose arena *is* host RAM there (the simulated device's memory is the host's).
+* **one arena**: an executor's programs (training, evaluation, a smaller last batch) never run
+  at once, and the homes of their per-iteration blobs hold nothing from one iteration to the
+  next, so they share one page-locked arena (``HomeArena``), as large as the largest program's,
+  allocated when the executor meets a program that needs more, never per program.
 * **batches**: the data loader (``minilms.datasets.BatchLoader``) holds ``prefetch + 2`` batches
   at once (``loader_batches``): the one training, ``prefetch`` waiting, and one being made.
 
@@ -23,6 +30,9 @@ memory, whose growth over it the figure here predicts.
 """
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from ..blob import State
 from ..sizes import format_bytes
 from .plan import Plan
 
@@ -38,6 +48,16 @@ def homes(plan: Plan) -> list[str]:
             and name not in plan.chunks]
 
 
+def crossing(plan: Plan) -> list[str]:
+    """The homes of ``plan`` that cross the link every iteration (page-locked on ``cuda``): moved,
+    synced or reduced by a step or the epilogue, written by the host (the inputs, the loss
+    gradient seed) or read by it (the outputs). A parameter only loaded by the prologue is not."""
+    moved = {a.blob for _, a in plan.actions() if a.copies or a.kind == "reduce"}
+    moved.update(plan.host_inputs, plan.outputs)
+    moved.update(parent for name, (parent, _, _) in plan.chunks.items() if name in moved)
+    return [name for name in homes(plan) if name in moved]
+
+
 def batch_bytes(plan: Plan) -> int:
     """One batch of the net's inputs (``data``, ``label``) as the loader hands it over."""
     return sum(plan.blobs[n].nbytes for n in plan.host_inputs if plan.blobs[n].role == "input")
@@ -48,6 +68,7 @@ class HostMemory:
     """The host memory a plan needs on a ``device_kind`` device, beyond the process itself."""
     device_kind: str
     homes: dict = field(repr=False)   # blob name -> bytes of its host copy
+    crossing: frozenset = field(repr=False)   # the homes page-locked on cuda (``crossing``)
     pool: int                         # the pool's arena on ``cpu`` (host RAM); 0 on ``cuda``
     batches: int                      # the loader's batches
     batch_count: int                  # how many of them
@@ -58,8 +79,10 @@ class HostMemory:
 
     @property
     def pinned(self) -> int:
-        """Page-locked bytes: the homes on ``cuda``."""
-        return self.home_bytes if self.device_kind == "cuda" else 0
+        """Page-locked bytes: the homes that cross the link every iteration, on ``cuda``."""
+        if self.device_kind != "cuda":
+            return 0
+        return sum(n for name, n in self.homes.items() if name in self.crossing)
 
     @property
     def pageable(self) -> int:
@@ -74,7 +97,7 @@ class HostMemory:
         682.12 MiB blob homes of 493 blobs, 256.00 MiB pool (host RAM on cpu), 18.38 MiB
         batches x4``."""
         parts = [f"{format_bytes(self.home_bytes)} blob homes of {len(self.homes)} blobs"
-                 + (" (pinned)" if self.pinned else "")]
+                 + (f" ({format_bytes(self.pinned)} of them pinned)" if self.pinned else "")]
         if self.pool:
             parts.append(f"{format_bytes(self.pool)} pool (host RAM on cpu)")
         if self.batch_count:
@@ -115,5 +138,41 @@ def host_memory(plan: Plan, device_kind: str, batches: int = 0) -> HostMemory:
     if device_kind not in ("cpu", "cuda"):
         raise ValueError(f"device kind must be cpu or cuda, found {device_kind!r}")
     return HostMemory(device_kind, {n: plan.blobs[n].nbytes for n in homes(plan)},
-                      plan.capacity if device_kind == "cpu" else 0,
+                      frozenset(crossing(plan)), plan.capacity if device_kind == "cpu" else 0,
                       batches * batch_bytes(plan), batches)
+
+
+class HomeArena:
+    """One page-locked buffer that the per-iteration homes of every program of an executor are
+    carved from (``share``): allocated again only when a program needs more than it holds."""
+
+    ALIGN = 64    # bytes: every home starts on a cache line
+
+    def __init__(self, device):
+        self.device = device
+        self.buffer = None
+        self.sharing = None    # the program whose homes the buffer holds now
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.buffer is None else self.buffer.nbytes
+
+    def share(self, owner, blobs: list) -> None:
+        """Make ``blobs`` (never parameters or optimizer state: their homes outlive an
+        iteration) the homes of ``owner`` carved from the arena. The blobs that held these bytes
+        before lose them, so a switch leaves every blob of ``owner`` that is not placed
+        ``uninitialized``: its home holds another program's bytes."""
+        if owner is self.sharing:
+            return
+        offsets, end = [], 0
+        for blob in blobs:
+            offsets.append(end)
+            end += -(-blob.nbytes // self.ALIGN) * self.ALIGN
+        if end > self.nbytes:
+            self.buffer = self.device.alloc_host((end,), np.uint8, page_locked=True)
+        for blob, offset in zip(blobs, offsets):
+            home = self.buffer[offset:offset + blob.nbytes].view(blob.dtype).reshape(blob.shape)
+            blob.share_home(home, page_locked=True)
+            if not blob.placed:
+                blob.state = State.UNINITIALIZED
+        self.sharing = owner

@@ -23,8 +23,11 @@ between steps the reducer starts the averaging of those whose copies have landed
 layers' backward steps compute; a ``swap_in`` of a gradient first waits for its average.
 
 The blobs the plan moves across the link, the inputs and outputs the host writes and reads, and
-parameters and optimizer state get their host copies (homes) when the plan is made, before the
-first iteration (``minilms.lms.host``); every other blob lives in the pool only and has none.
+parameters and optimizer state get their host copies (homes) before the first iteration
+(``minilms.lms.host``); every other blob lives in the pool only and has none. Parameters and
+optimizer state get theirs when the plan is made, page-locked if a step moves them; the
+per-iteration blobs' homes are carved from one page-locked arena shared by every program
+(``HomeArena``) when their program is activated.
 
 A plan is made once per input shape and mode (training, or forward only for evaluation) and
 cached: a smaller last batch gets its own. Switching between them sends the pinned blobs of the one
@@ -37,7 +40,7 @@ from ..blob import Blob, State
 from ..net import Net
 from .cost import CostModel, plan_for
 from .executor import Executor
-from .host import HostMemory, homes, host_memory
+from .host import HomeArena, HostMemory, crossing, homes, host_memory
 from .plan import Plan, Policy
 
 
@@ -98,6 +101,7 @@ class LmsExecutor(Executor):
                                                              getattr(device, "link", None))
         self.state_names = tuple(solver.state_names) if solver else ()
         self.shared: dict[str, Blob] = {}       # parameters and optimizer state, by name
+        self.arena = HomeArena(device)         # the per-iteration homes of every program
         self.programs: dict = {}
         self.current: Program | None = None
         self.stall_seconds = 0.0   # cpu: time compute waited for copies, last iteration
@@ -125,12 +129,24 @@ class LmsExecutor(Executor):
                     blobs[name] = blob
                 else:
                     blobs[name] = Blob(self.device, name, info.shape, info.dtype, info.role)
-            for name in homes(plan):     # the homes the plan needs, now: none mid-iteration
-                blobs[name].ensure_home()
-            for name, (parent, n0, n1) in plan.chunks.items():   # split steps' chunks
-                blobs[name].share_home(blobs[parent].ensure_home()[n0:n1])
+            # the homes the plan needs, now (none mid-iteration): the per-iteration blobs' from
+            # the arena when the program is activated, the lasting ones here, page-locked if
+            # they cross the link every iteration
+            locked = set(crossing(plan))
+            for name in homes(plan):
+                if name in self.shared:
+                    blobs[name].ensure_home(page_locked=name in locked)
             self.programs[key] = Program(net, plan, blobs, train)
         return self.programs[key]
+
+    def _share_homes(self, program: Program) -> None:
+        """Give ``program``'s per-iteration blobs their homes out of the arena, and each chunk of
+        a split step the rows of its parent's home."""
+        plan, blobs = program.plan, program.blobs
+        self.arena.share(program, [blobs[n] for n in homes(plan) if n not in self.shared])
+        for name, (parent, n0, n1) in plan.chunks.items():
+            home = blobs[parent].ensure_home()
+            blobs[name].share_home(home[n0:n1], blobs[parent].page_locked)
 
     def _activate(self, program: Program) -> None:
         if program is self.current:
@@ -138,6 +154,7 @@ class LmsExecutor(Executor):
         if self.current is not None:
             self.flush()
         self.current, self.net, self.blobs = program, program.net, program.blobs
+        self._share_homes(program)
         self._parents = {parent for parent, _, _ in program.plan.chunks.values()}
         self.device.synchronize()
         if events.listening:   # the trace learns the plan it is about to see replayed

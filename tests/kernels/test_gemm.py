@@ -92,14 +92,14 @@ def test_rejects_mismatched_arguments():
 
 @pytest.fixture
 def tile(monkeypatch):
-    """The gemm module, with its tile shrunk to 8x8x4 / 2x2 per thread under the simulator.
+    """The gemm module, with its tile shrunk to 8x8x8 / 2x2 per thread under the simulator.
 
     Only there: a real GPU compiles the constants into the kernel at its first launch, so patching
     them would leave a kernel and a launcher that disagree for the rest of the session.
     """
     if SIMULATED:
-        shape = dict(BM=8, BN=8, BK=4, TM=2, TN=2)
-        derived = dict(zip(("TY", "TX", "THREADS", "A_ROW", "B_ROW"),
+        shape = dict(BM=8, BN=8, BK=8, TM=2, TN=2)
+        derived = dict(zip(gemm_module.DERIVED,
                            gemm_module.derived_constants(*shape.values())))
         for name, value in {**shape, **derived}.items():
             monkeypatch.setattr(gemm_module, name, value)

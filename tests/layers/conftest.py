@@ -13,7 +13,7 @@ def small_gemm_tile(monkeypatch):
     launch. Modules that want it say ``pytestmark = pytest.mark.usefixtures("small_gemm_tile")``."""
     if numba.config.ENABLE_CUDASIM:
         shape = dict(BM=8, BN=32, BK=16, TM=2, TN=4)
-        derived = dict(zip(("TY", "TX", "THREADS", "A_ROW", "B_ROW"),
+        derived = dict(zip(gemm_module.DERIVED,
                            gemm_module.derived_constants(*shape.values())))
         for name, value in {**shape, **derived}.items():
             monkeypatch.setattr(gemm_module, name, value)
