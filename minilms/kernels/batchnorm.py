@@ -29,16 +29,17 @@ Backward (training mode), with ``xhat = (x - mean) * invstd``::
     dbeta  = sum(dy)            dgamma = sum(dy * xhat)          (overwritten, not accumulated)
     dx     = gamma * invstd * (dy - dbeta / M - xhat * dgamma / M)
 
-Sums: the variance is two-pass (no cancellation of ``E[x^2] - E[x]^2``). CUDA: one block per
-channel, fixed-order tree reductions, deterministic. CPU: per channel in float64 over vector lanes,
-which the CPU pays little for and which keeps large ``M`` accurate.
+Sums: the variance is two-pass (no cancellation of ``E[x^2] - E[x]^2``), and every sum runs in
+float64 on both devices, so that they agree at 2240x2240 (millions of values a channel), where
+float32 sums drift. CUDA: one block per channel, float64 per thread and a fixed-order float64 tree,
+deterministic. CPU: per channel in float64 over vector lanes.
 
 A step split along the batch runs the same arithmetic in pieces: ``batchnorm_split``.
 """
 import math
 
 import numpy as np
-from numba import cuda, njit, prange
+from numba import cuda, float64, njit, prange
 
 from .common import block_sum, grid_1d, launch, view
 from .registry import cuda_kernel, on_cpu
@@ -76,24 +77,25 @@ def channel_views(c, *arrays):
 
 @cuda_kernel(*signatures("void(X, V, V, X, V, V, V, V, S, S)"), block=THREADS)
 def forward_train_cuda(x, gamma, beta, y, mean, invstd, running_mean, running_var, momentum, eps):
-    buf = cuda.shared.array(THREADS, dtype=x.dtype)
+    buf = cuda.shared.array(THREADS, dtype=float64)   # float64 sums, as the CPU twin's
     t = cuda.threadIdx.x
     n_, c_, hw = x.shape
     m = n_ * hw
-    zero, one = x.dtype.type(0), x.dtype.type(1)
+    one = x.dtype.type(1)
     for c in range(cuda.blockIdx.x, c_, cuda.gridDim.x):
-        acc = zero
+        acc = 0.0
         for i in range(t, m, THREADS):
-            acc += x[i // hw, c, i % hw]
+            acc += float64(x[i // hw, c, i % hw])
         buf[t] = acc
-        mu = block_sum(buf, t) / x.dtype.type(m)
-        acc = zero
+        mu64 = block_sum(buf, t) / m
+        acc = 0.0
         for i in range(t, m, THREADS):
-            d = x[i // hw, c, i % hw] - mu
+            d = float64(x[i // hw, c, i % hw]) - mu64
             acc += d * d
         buf[t] = acc
         ssd = block_sum(buf, t)
-        inv = one / math.sqrt(ssd / x.dtype.type(m) + eps)
+        mu = x.dtype.type(mu64)
+        inv = x.dtype.type(1.0 / math.sqrt(ssd / m + float64(eps)))
         g = gamma[c] * inv
         b = beta[c]
         for i in range(t, m, THREADS):
@@ -103,7 +105,7 @@ def forward_train_cuda(x, gamma, beta, y, mean, invstd, running_mean, running_va
             invstd[c] = inv
             running_mean[c] = (one - momentum) * running_mean[c] + momentum * mu
             running_var[c] = (one - momentum) * running_var[c] + \
-                momentum * (ssd / x.dtype.type(m - 1))
+                momentum * x.dtype.type(ssd / (m - 1))
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=SUMS)
@@ -223,25 +225,26 @@ def batchnorm_forward_inference(x, gamma, beta, running_mean, running_var, y, ep
 
 @cuda_kernel(*signatures("void(X, X, V, V, V, X, V, V)"), block=THREADS)
 def backward_cuda(x, dy, gamma, mean, invstd, dx, dgamma, dbeta):
-    buf = cuda.shared.array(THREADS, dtype=x.dtype)
+    buf = cuda.shared.array(THREADS, dtype=float64)   # float64 sums, as the CPU twin's
     t = cuda.threadIdx.x
     n_, c_, hw = x.shape
     m = n_ * hw
-    zero = x.dtype.type(0)
     for c in range(cuda.blockIdx.x, c_, cuda.gridDim.x):
         mu, inv = mean[c], invstd[c]
-        acc = zero
+        acc = 0.0
         for i in range(t, m, THREADS):
-            acc += dy[i // hw, c, i % hw]
+            acc += float64(dy[i // hw, c, i % hw])
         buf[t] = acc
         sum_dy = block_sum(buf, t)
-        acc = zero
+        acc = 0.0
         for i in range(t, m, THREADS):
-            acc += dy[i // hw, c, i % hw] * ((x[i // hw, c, i % hw] - mu) * inv)
+            acc += float64(dy[i // hw, c, i % hw] * ((x[i // hw, c, i % hw] - mu) * inv))
         buf[t] = acc
         sum_dy_xhat = block_sum(buf, t)
-        a = sum_dy / x.dtype.type(m)
-        b = sum_dy_xhat / x.dtype.type(m)
+        # rounded to the data's dtype first, as dbeta and dgamma are saved: a split step's dx
+        # reads them so
+        a = x.dtype.type(sum_dy) / x.dtype.type(m)
+        b = x.dtype.type(sum_dy_xhat) / x.dtype.type(m)
         g = gamma[c] * inv
         for i in range(t, m, THREADS):
             n, j = i // hw, i % hw

@@ -5,7 +5,7 @@ are carried across chunks in ``partial`` (float64 ``[2, C, THREADS]``, ``split_p
 exactly as the whole-batch kernels carry them, so a split step gives their results bit for bit:
 
 * CUDA: thread ``t`` of a channel's block adds the values whose index in the whole channel is
-  ``t`` modulo ``THREADS``, in order, into its own accumulator (in the data's dtype), kept in
+  ``t`` modulo ``THREADS``, in order, into its own float64 accumulator, kept in
   ``partial[:, c, t]`` between chunks; a once-kernel adds the ``THREADS`` accumulators with the
   same ``block_sum`` tree.
 * CPU: the float64 sums of each channel, carried from row to row, kept in ``partial[:, c, 0]``.
@@ -18,7 +18,7 @@ chunks, ``split_param_grads``, then ``split_input_grad`` per chunk.
 import math
 
 import numpy as np
-from numba import cuda, njit, prange
+from numba import cuda, float64, njit, prange
 
 from .batchnorm import SUMS, THREADS, channel_views, nchw, signatures
 from .common import block_sum, grid_1d, launch, view
@@ -43,18 +43,21 @@ def split_sums_cuda(x, n0, mean, partial, centered):
     n_, c_, hw = x.shape
     start = n0 * hw
     for c in range(cuda.blockIdx.x, c_, cuda.gridDim.x):
-        acc = x.dtype.type(0) if n0 == 0 else x.dtype.type(partial[0, c, t])
-        mu = mean[c]
+        # float64, as the whole batch's sums; the squares about the float64 mean that
+        # split_mean left in partial[0, c, 0], into partial[1]
+        row = 1 if centered else 0
+        acc = 0.0 if n0 == 0 else partial[row, c, t]
+        mu = partial[0, c, 0]
         # from the first index >= start that is t modulo THREADS, as the whole batch's loop
         for i in range(start + (t - start % THREADS + THREADS) % THREADS, start + n_ * hw,
                        THREADS):
             j = i - start
             if centered:
-                d = x[j // hw, c, j % hw] - mu
+                d = float64(x[j // hw, c, j % hw]) - mu
                 acc += d * d
             else:
-                acc += x[j // hw, c, j % hw]
-        partial[0, c, t] = acc
+                acc += float64(x[j // hw, c, j % hw])
+        partial[row, c, t] = acc
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=SUMS)
@@ -93,13 +96,14 @@ def batchnorm_split_sums(x, n0, m, mean, partial, centered, stream=None):
 
 @cuda_kernel(*[f"void({_P}, int64, {v})" for v in _V], block=THREADS)
 def split_mean_cuda(partial, m, mean):
-    buf = cuda.shared.array(THREADS, dtype=mean.dtype)
+    buf = cuda.shared.array(THREADS, dtype=float64)
     t = cuda.threadIdx.x
     for c in range(cuda.blockIdx.x, mean.size, cuda.gridDim.x):
-        buf[t] = mean.dtype.type(partial[0, c, t])
-        mu = block_sum(buf, t) / mean.dtype.type(m)
+        buf[t] = partial[0, c, t]
+        mu = block_sum(buf, t) / m
         if t == 0:
-            mean[c] = mu
+            mean[c] = mean.dtype.type(mu)
+            partial[0, c, 0] = mu       # the centered sums' centre, unrounded
 
 
 @njit(cache=True, nogil=True, fastmath=SUMS)
@@ -121,18 +125,18 @@ def batchnorm_split_mean(partial, m, mean, stream=None):
 @cuda_kernel(*[f"void({_P}, int64, {v}, {v}, {v}, {v}, {s}, {s})"
                for v, s in zip(_V, ("float32", "float64"))], block=THREADS)
 def split_invstd_cuda(partial, m, mean, invstd, running_mean, running_var, momentum, eps):
-    buf = cuda.shared.array(THREADS, dtype=mean.dtype)
+    buf = cuda.shared.array(THREADS, dtype=float64)
     t = cuda.threadIdx.x
     one = mean.dtype.type(1)
     for c in range(cuda.blockIdx.x, mean.size, cuda.gridDim.x):
-        buf[t] = mean.dtype.type(partial[0, c, t])
+        buf[t] = partial[1, c, t]
         ssd = block_sum(buf, t)
-        inv = one / math.sqrt(ssd / mean.dtype.type(m) + eps)
+        inv = mean.dtype.type(1.0 / math.sqrt(ssd / m + float64(eps)))
         if t == 0:
             invstd[c] = inv
             running_mean[c] = (one - momentum) * running_mean[c] + momentum * mean[c]
             running_var[c] = (one - momentum) * running_var[c] + \
-                momentum * (ssd / mean.dtype.type(m - 1))
+                momentum * mean.dtype.type(ssd / (m - 1))
 
 
 @njit(cache=True, nogil=True, fastmath=SUMS)
@@ -200,18 +204,17 @@ def split_grad_sums_cuda(x, dy, n0, mean, invstd, partial):
     t = cuda.threadIdx.x
     n_, c_, hw = x.shape
     start = n0 * hw
-    zero = x.dtype.type(0)
     for c in range(cuda.blockIdx.x, c_, cuda.gridDim.x):
         mu, inv = mean[c], invstd[c]
-        s_dy = zero if n0 == 0 else x.dtype.type(partial[0, c, t])
-        s_dy_xhat = zero if n0 == 0 else x.dtype.type(partial[1, c, t])
+        s_dy = 0.0 if n0 == 0 else partial[0, c, t]       # float64, as the whole batch's
+        s_dy_xhat = 0.0 if n0 == 0 else partial[1, c, t]
         # from the first index >= start that is t modulo THREADS, as the whole batch's loop
         for i in range(start + (t - start % THREADS + THREADS) % THREADS, start + n_ * hw,
                        THREADS):
             j = i - start
             n, k = j // hw, j % hw
-            s_dy += dy[n, c, k]
-            s_dy_xhat += dy[n, c, k] * ((x[n, c, k] - mu) * inv)
+            s_dy += float64(dy[n, c, k])
+            s_dy_xhat += float64(dy[n, c, k] * ((x[n, c, k] - mu) * inv))
         partial[0, c, t] = s_dy
         partial[1, c, t] = s_dy_xhat
 
@@ -266,12 +269,12 @@ def batchnorm_split_grad_sums(x, dy, n0, mean, invstd, partial, with_dx=True, st
 
 @cuda_kernel(*[f"void({_P}, {v}, {v}, {v}, {v})" for v in _V], block=THREADS)
 def split_param_grads_cuda(partial, mean, invstd, dgamma, dbeta):
-    buf = cuda.shared.array(THREADS, dtype=dgamma.dtype)
+    buf = cuda.shared.array(THREADS, dtype=float64)
     t = cuda.threadIdx.x
     for c in range(cuda.blockIdx.x, dgamma.size, cuda.gridDim.x):
-        buf[t] = dgamma.dtype.type(partial[0, c, t])
+        buf[t] = partial[0, c, t]
         sum_dy = block_sum(buf, t)
-        buf[t] = dgamma.dtype.type(partial[1, c, t])
+        buf[t] = partial[1, c, t]
         sum_dy_xhat = block_sum(buf, t)
         if t == 0:
             dgamma[c] = sum_dy_xhat

@@ -7,7 +7,12 @@ simulator's).
 
 ``cuda_kernel`` registers a kernel's Python function with the signatures it is compiled for, so that
 ``scripts/kernel_report.py`` can compile every kernel to PTX for sm_80/sm_90 on a machine without a
-GPU. Compilation for launches stays lazy: importing a kernel module never needs a GPU.
+GPU. Compilation for launches stays lazy: importing a kernel module never needs a GPU. Compiled
+kernels are cached on disk (``cuda.jit(cache=True)``: numba's index and data files in the
+module's ``__pycache__``, or ``$NUMBA_CACHE_DIR``), so a second process on the same GPU loads
+them instead of compiling. Numba keys the cache on the kernel module's own source file: an edit
+to a device function in another module (``common.block_sum``) does not invalidate it; clear the
+cache after one.
 
 ``shared`` compiles one piece of index math for both targets (minitorch's idea): write it once as
 plain Python, call the ``.cpu`` version from ``njit`` code and the ``.cuda`` version from kernels.
@@ -36,6 +41,7 @@ class KernelSpec:
     py_func: Callable    # the undecorated Python function, for compile_ptx
     signatures: tuple    # numba signature strings it must compile for
     block: tuple         # threads per block the launchers use: the report's occupancy needs it
+    dispatcher: object = None   # what launches it: ``cuda.jit(py_func, cache=True)``
 
 
 KERNELS: dict[str, KernelSpec] = {}
@@ -56,8 +62,9 @@ def cuda_kernel(*signatures: str, block=THREADS_1D):
         name = f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"
         if name in KERNELS:
             raise ValueError(f"CUDA kernel {name} registered twice")
-        KERNELS[name] = KernelSpec(name, fn, tuple(signatures), block)
-        return cuda.jit(fn)
+        dispatcher = cuda.jit(fn, cache=True)     # the simulator ignores cache
+        KERNELS[name] = KernelSpec(name, fn, tuple(signatures), block, dispatcher)
+        return dispatcher
 
     return register
 

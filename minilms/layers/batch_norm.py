@@ -31,7 +31,7 @@ float dtype (``BufferSpec(dtype=None)``), which is the data's. The kernels are i
 import numbers
 
 import numpy as np
-from numba import cuda, njit, prange
+from numba import cuda, float64, njit, prange
 
 from ..kernels.batchnorm import (
     batchnorm_backward,
@@ -67,20 +67,20 @@ _SIGS = [f"void({t}[:, :, ::1], {t}[:, :, ::1], {t}[::1], {t}[::1], {t}[::1], {t
 
 @cuda_kernel(*_SIGS, block=THREADS)
 def param_grads_cuda(x, dy, mean, invstd, dgamma, dbeta):
-    buf = cuda.shared.array(THREADS, dtype=x.dtype)
+    buf = cuda.shared.array(THREADS, dtype=float64)   # float64 sums, as kernels.batchnorm's
     t = cuda.threadIdx.x
     n_, c_, hw = x.shape
     m = n_ * hw
     for c in range(cuda.blockIdx.x, c_, cuda.gridDim.x):
         mu, inv = mean[c], invstd[c]
-        acc = x.dtype.type(0)
+        acc = 0.0
         for i in range(t, m, THREADS):
-            acc += dy[i // hw, c, i % hw]
+            acc += float64(dy[i // hw, c, i % hw])
         buf[t] = acc
         sum_dy = block_sum(buf, t)
-        acc = x.dtype.type(0)
+        acc = 0.0
         for i in range(t, m, THREADS):
-            acc += dy[i // hw, c, i % hw] * ((x[i // hw, c, i % hw] - mu) * inv)
+            acc += float64(dy[i // hw, c, i % hw] * ((x[i // hw, c, i % hw] - mu) * inv))
         buf[t] = acc
         sum_dy_xhat = block_sum(buf, t)
         if t == 0:

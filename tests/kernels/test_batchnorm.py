@@ -179,3 +179,26 @@ def test_against_torch():
     y2 = np.empty_like(x)
     bn.batchnorm_forward_inference(x, gamma, beta, new_rmean, new_rvar, y2)
     np.testing.assert_allclose(y2, layer(torch.tensor(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.cuda
+def test_cuda_statistics_agree_with_cpu_where_float32_sums_drift():
+    """A large channel far from zero: 2**16 values around 30000, where float32 sums lose
+    digits (a 2240x2240 image's channel is larger still). Both devices sum in float64, so the
+    saved mean and invstd agree to within one float32 ulp (float32 sums on cuda: 2 ulps), and
+    so does the sum of dy."""
+    rng = np.random.default_rng(8)
+    x = (30000 + rng.standard_normal((4, 1, 128, 128))).astype(np.float32)
+    gamma, beta, rmean, rvar = params(1, np.float32, seed=9)
+    _, mean, invstd, _, _ = train(x, gamma, beta, rmean, rvar)
+    out = on_cuda(bn.batchnorm_forward_train, x, gamma, beta, np.empty_like(x),
+                  np.empty(1, np.float32), np.empty(1, np.float32), rmean.copy(), rvar.copy(),
+                  0.1, 1e-5)
+    np.testing.assert_array_max_ulp(out[4], mean, maxulp=1)
+    np.testing.assert_array_max_ulp(out[5], invstd, maxulp=1)
+    dy = (5 + rng.standard_normal(x.shape)).astype(np.float32)
+    grads = [np.empty_like(x), np.empty(1, np.float32), np.empty(1, np.float32)]
+    bn.batchnorm_backward(x, dy, gamma, mean, invstd, *grads)
+    out = on_cuda(bn.batchnorm_backward, x, dy, gamma, mean, invstd, *[g.copy() for g in grads])
+    np.testing.assert_array_max_ulp(out[7], grads[2], maxulp=1)        # dbeta = sum(dy)
+    np.testing.assert_allclose(out[6], grads[1], rtol=1e-4)           # dgamma: other formula

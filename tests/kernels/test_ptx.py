@@ -153,3 +153,28 @@ sys.exit(main(["--check", "--kernel", "broken.broken", "--arch", "sm_80"]))
     assert run.returncode == 1, run.stdout + run.stderr
     assert "broken.broken" in run.stderr and "failed" in run.stderr, run.stderr
     assert "FAILED" in run.stdout
+
+
+def test_every_kernel_is_cached_on_disk():
+    """Outside the simulator every registered kernel's dispatcher has numba's file cache, where
+    a compiled kernel is written and a later process reads it (on a GPU; here the cache is
+    checked to be in place and its directory writable, since nothing compiles without one)."""
+    program = """
+import json, os
+from minilms.kernels import ptx
+from numba.cuda.dispatcher import CUDACache
+kernels, failures = ptx.discover_kernels()
+found = {}
+for name, spec in kernels.items():
+    cache = getattr(spec.dispatcher, "_cache", None)
+    found[name] = [isinstance(cache, CUDACache), os.access(cache._cache_path, os.W_OK)
+                   if isinstance(cache, CUDACache) else False]
+print(json.dumps(found))
+"""
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                         env=without_simulator(), cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr
+    found = json.loads(run.stdout)
+    assert set(found) == set(ptx.discover_kernels()[0]), found
+    assert all(cached for cached, _ in found.values()), found
+    assert all(writable for _, writable in found.values()), found
