@@ -62,7 +62,10 @@ def cuda_kernel(*signatures: str, block=THREADS_1D):
         name = f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"
         if name in KERNELS:
             raise ValueError(f"CUDA kernel {name} registered twice")
-        dispatcher = cuda.jit(fn, cache=True)     # the simulator ignores cache
+        try:
+            dispatcher = cuda.jit(fn, cache=True)     # the simulator ignores cache
+        except RuntimeError:    # no source file to cache beside (a notebook cell, python -c)
+            dispatcher = cuda.jit(fn)
         KERNELS[name] = KernelSpec(name, fn, tuple(signatures), block, dispatcher)
         return dispatcher
 
