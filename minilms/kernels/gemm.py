@@ -14,6 +14,8 @@ memory; then every thread accumulates a ``TM x TN = 8 x 8`` register tile of out
 blocking: each value read from shared memory feeds 8 FMAs). A thread's rows (and columns) come
 in groups of four adjacent ones, 64 apart, so that a step of k reads them as four 16-byte shared
 loads, and the eight steps of a slice are unrolled: 512 FMAs against 32 shared loads per slice.
+The tiles are double-buffered: the next slice's global loads are issued into registers before
+this slice is computed and staged into the other buffer after it, one barrier a slice.
 Indices are unsigned 32-bit, so the compiler drops numba's wrap-around of negative indices and
 addresses each load as a base and a constant. Bounds are checked only where tiles are loaded and
 ``c`` is stored, so any M, N, K work (K = 0 included: ``c = beta * c``). docs/kernels.md has the
@@ -38,13 +40,13 @@ __all__ = ["gemm", "gemm_batched", "GEMM_KERNELS", "BM", "BN", "BK", "TM", "TN",
 
 # The tile shape. Module constants, so the kernel sees them as compile-time constants (loops over
 # TM/TN unroll and `acc` lives in registers); the simulator reads them at run time, which lets the
-# tests shrink the tile to keep simulated runs fast. 128 x 128 x 8 with 8 x 8 per thread takes 107
-# registers on sm_90 (two blocks of 256 threads per SM), no spills.
+# tests shrink the tile to keep simulated runs fast. 128 x 128 x 8 with 8 x 8 per thread, double
+# buffered, takes 106-127 registers on sm_90 (two blocks of 256 threads per SM), no spills.
 BM, BN, BK = 128, 128, 8
 TM, TN = 8, 8
 
 
-DERIVED = ("TY", "TX", "THREADS", "A_ROW", "B_ROW", "VM", "VN")
+DERIVED = ("TY", "TX", "THREADS", "A_ROW", "B_ROW", "VM", "VN", "A_LOADS", "B_LOADS")
 
 
 def derived_constants(bm, bn, bk, tm, tn):
@@ -62,14 +64,16 @@ def derived_constants(bm, bn, bk, tm, tn):
             or (bm * bk) % threads or (bk * bn) % threads \
             or bk % 8 or tm % min(4, tm) or tn % min(4, tn):   # k unrolled by 8; groups of 4
         raise ValueError(f"gemm tile {bm}x{bn}x{bk} / {tm}x{tn} per thread does not divide evenly")
-    return ty, tx, threads, bm + 32 // bk, bn + 32 // bk, min(4, tm), min(4, tn)
+    return (ty, tx, threads, bm + 32 // bk, bn + 32 // bk, min(4, tm), min(4, tn),
+            bm * bk // threads, bk * bn // threads)
 
 
 # Numba needs shared shapes as plain constants, hence names rather than inline sums.
 # A thread's rows of the tile are VM adjacent ones, then VM more TY * VM further on, and so on
 # (its columns likewise): each group is one 16-byte shared load (LDS.128), and a warp's loads of a
 # group touch distinct banks or broadcast.
-TY, TX, THREADS, A_ROW, B_ROW, VM, VN = derived_constants(BM, BN, BK, TM, TN)
+# A_LOADS, B_LOADS: the elements of a slice of a and of b each thread fetches.
+TY, TX, THREADS, A_ROW, B_ROW, VM, VN, A_LOADS, B_LOADS = derived_constants(BM, BN, BK, TM, TN)
 
 
 # Shared tiles are 16-byte aligned so that the compiler can prove the grouped loads aligned (the
@@ -89,6 +93,45 @@ def _outer_product(a_tile, b_tile, kk, ty, tx, acc, a_frag, b_frag):
     for i in range(TM):
         for j in range(TN):
             acc[i, j] += a_frag[i] * b_frag[j]
+
+
+@cuda.jit(device=True, inline="always")  # IR-inlined: compile_ptx needs no GPU
+def _spot(load, fast, slow, transposed, is_a):
+    """Where load number ``load`` of this thread lands in its tile: ``(kk, index along m or n)``.
+    Consecutive threads take consecutive elements along the axis that is contiguous in memory
+    (coalescing), whichever axis of the tile that is; the other axis steps by ``THREADS // (tile
+    extent)`` per load."""
+    extent = BM if is_a else BN
+    if transposed == is_a:          # a stored [K, M] (trans_a), b stored [K, N] (not trans_b)
+        return slow + uint32(load * (THREADS // extent)), fast
+    return fast, slow + uint32(load * (THREADS // BK))
+
+
+@cuda.jit(device=True, inline="always")
+def _fetch(x, at, k0, r0, fast, slow, r_size, k_size, transposed, is_a, into):
+    """This thread's elements of the ``BK``-deep slice from ``k0`` of operand ``x`` (``a`` or
+    ``b``, the sample from element ``at``) into registers; zeros outside the matrix, so the
+    compute needs no bounds checks. ``r`` is m for ``a``, n for ``b``."""
+    for load in range(into.size):
+        kk, rr = _spot(load, fast, slow, transposed, is_a)
+        r = uint32(r0 + rr)
+        k = uint32(k0 + kk)
+        value = float32(0.0)
+        if r < r_size and k < k_size:
+            # a: [M, K] or, transposed, [K, M]; b: [K, N] or, transposed, [N, K]
+            if transposed == is_a:
+                value = x[at + uint32(k * r_size + r)]
+            else:
+                value = x[at + uint32(r * k_size + k)]
+        into[load] = value
+
+
+@cuda.jit(device=True, inline="always")
+def _stage(values, tile, fast, slow, transposed, is_a):
+    """The fetched elements into a shared tile, k-major: ``tile[kk, m or n]``."""
+    for load in range(values.size):
+        kk, rr = _spot(load, fast, slow, transposed, is_a)
+        tile[kk, rr] = values[load]
 
 
 def _gemm_kernel(trans_a, trans_b):
@@ -111,8 +154,10 @@ def _gemm_kernel(trans_a, trans_b):
         compiler then knows they are never negative, numba's wrap-around of negative indices
         folds away, and each shared load is one instruction at a constant offset from a base.
         """
-        a_tile = cuda.shared.array((BK, A_ROW), float32, alignment=SHARED_ALIGN)
-        b_tile = cuda.shared.array((BK, B_ROW), float32, alignment=SHARED_ALIGN)
+        a_tiles = cuda.shared.array((2, BK, A_ROW), float32, alignment=SHARED_ALIGN)
+        b_tiles = cuda.shared.array((2, BK, B_ROW), float32, alignment=SHARED_ALIGN)
+        a_next = cuda.local.array(A_LOADS, float32)   # the next slice, in flight
+        b_next = cuda.local.array(B_LOADS, float32)
         acc = cuda.local.array((TM, TN), float32)
         a_frag = cuda.local.array(TM, float32)
         b_frag = cuda.local.array(TN, float32)
@@ -124,10 +169,7 @@ def _gemm_kernel(trans_a, trans_b):
         n0 = uint32(cuda.blockIdx.x) * uint32(BN)
         z = uint32(cuda.blockIdx.z)
         zero = float32(0.0)
-        # Where this thread loads from: consecutive threads take consecutive elements along the
-        # axis that is contiguous in memory (coalescing), whichever axis of the tile that is; the
-        # other axis steps by THREADS // (tile extent) per load. Out-of-range elements are staged
-        # as zeros, so the compute loop needs no bounds checks.
+        # where this thread loads from (``_spot``)
         a_fast = tid % uint32(BM if trans_a else BK)
         a_slow = tid // uint32(BM if trans_a else BK)
         b_fast = tid % uint32(BK if trans_b else BN)
@@ -140,37 +182,24 @@ def _gemm_kernel(trans_a, trans_b):
         for s in range(z * per, z * per + per):
             a_at = s * a_step       # where this sample's operands start
             b_at = s * b_step
+            # Double-buffered: the next slice is fetched into registers before this one is
+            # computed (its global loads in flight under 512 FMAs), and staged into the other
+            # shared buffer after: one barrier a slice. Slice 0 is staged first.
+            _fetch(a, a_at, uint32(0), m0, a_fast, a_slow, m_size, k_size, trans_a, True, a_next)
+            _fetch(b, b_at, uint32(0), n0, b_fast, b_slow, n_size, k_size, trans_b, False,
+                   b_next)
+            _stage(a_next, a_tiles[0], a_fast, a_slow, trans_a, True)
+            _stage(b_next, b_tiles[0], b_fast, b_slow, trans_b, False)
+            cuda.syncthreads()
+            cur = 0
             for k0 in range(0, k_size, BK):
-                k0 = uint32(k0)
-                for load in range(BM * BK // THREADS):
-                    if trans_a:
-                        mm = a_fast
-                        kk = a_slow + uint32(load * (THREADS // BM))
-                    else:
-                        kk = a_fast
-                        mm = a_slow + uint32(load * (THREADS // BK))
-                    m = uint32(m0 + mm)
-                    k = uint32(k0 + kk)
-                    value = zero
-                    if m < m_size and k < k_size:
-                        value = a[a_at + (uint32(k * m_size + m) if trans_a
-                                          else uint32(m * k_size + k))]
-                    a_tile[kk, mm] = value
-                for load in range(BK * BN // THREADS):
-                    if trans_b:
-                        kk = b_fast
-                        nn = b_slow + uint32(load * (THREADS // BK))
-                    else:
-                        nn = b_fast
-                        kk = b_slow + uint32(load * (THREADS // BN))
-                    n = uint32(n0 + nn)
-                    k = uint32(k0 + kk)
-                    value = zero
-                    if n < n_size and k < k_size:
-                        value = b[b_at + (uint32(n * k_size + k) if trans_b
-                                          else uint32(k * n_size + n))]
-                    b_tile[kk, nn] = value
-                cuda.syncthreads()
+                k1 = uint32(k0 + BK)
+                if k1 < k_size:
+                    _fetch(a, a_at, k1, m0, a_fast, a_slow, m_size, k_size, trans_a, True,
+                           a_next)
+                    _fetch(b, b_at, k1, n0, b_fast, b_slow, n_size, k_size, trans_b, False,
+                           b_next)
+                a_tile, b_tile = a_tiles[cur], b_tiles[cur]
                 # unrolled by hand, eight steps of k at a time: the compiler leaves a loop
                 # whose body is 64 FMAs rolled, and its counter and addresses then cost a
                 # third of the instructions
@@ -183,7 +212,10 @@ def _gemm_kernel(trans_a, trans_b):
                     _outer_product(a_tile, b_tile, kk + 5, ty, tx, acc, a_frag, b_frag)
                     _outer_product(a_tile, b_tile, kk + 6, ty, tx, acc, a_frag, b_frag)
                     _outer_product(a_tile, b_tile, kk + 7, ty, tx, acc, a_frag, b_frag)
-                # The next iteration overwrites the tiles: everyone must be done reading them.
+                cur = 1 - cur
+                if k1 < k_size:     # into the buffer everyone finished reading a slice ago
+                    _stage(a_next, a_tiles[cur], a_fast, a_slow, trans_a, True)
+                    _stage(b_next, b_tiles[cur], b_fast, b_slow, trans_b, False)
                 cuda.syncthreads()
 
         c_at = z * m_size * n_size
@@ -208,7 +240,7 @@ def _gemm_kernel(trans_a, trans_b):
 # (scripts/kernel_report.py; tests/kernels/test_sass.py holds it to tests/golden/gemm_sass.json).
 # FFMA issue is the GEMM's ceiling: the share of peak it can reach at most. The ``cuda`` cost
 # model builds on it.
-INNER_LOOP_FFMA_SHARE = 0.70
+INNER_LOOP_FFMA_SHARE = 0.75
 
 
 def source_digest() -> str:
@@ -216,7 +248,7 @@ def source_digest() -> str:
     the golden record of their SASS (tests/golden/gemm_sass.json) names the digest it was made
     from, so a changed kernel with an old record fails its test."""
     from .sass import source_digest as digest
-    return digest(_gemm_kernel, _outer_product, (BM, BN, BK, TM, TN))
+    return digest(_gemm_kernel, _outer_product, _spot, _fetch, _stage, (BM, BN, BK, TM, TN))
 
 
 # Indexed by (trans_a, trans_b), as BLAS does it: one kernel per transpose combination.
