@@ -101,3 +101,22 @@ def test_bench_fullsize_smoke(capsys):
                          rf"+[\d.]+ \w?i?B +[\d.]+$", out, re.M), out
         assert re.search(rf"^resnet50 32 b2, {row}: \d+% of SGEMM \(goal 65%: (met|not met)\); "
                          r"peak RSS over", out, re.M), out
+
+
+def test_bench_cuda_smoke():
+    """Its kernel sections under the simulator (tiny GEMM tiles, a few launches), in a process of
+    its own: the smoke run shrinks the GEMM's tile constants for the whole process. The training
+    section needs a GPU to finish in reasonable time (its figures: docs/benchmarks.md, "CUDA")."""
+    import subprocess
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_cuda.py"
+    result = subprocess.run([sys.executable, str(script), "--smoke", "--no-torch", "--only",
+                             "env", "gemm", "launch"], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert re.search(r"^env: gpu .+, numba [\d.]+", out, re.M)
+    for variant in ("nn", "nt", "tn", "tt"):     # against numpy: every element right
+        match = re.search(rf"^gemm {variant} n=64: [\d.]+ TFLOP/s, rel err ([\d.e+-]+)", out, re.M)
+        assert match and float(match.group(1)) < 1e-5, out
+    assert len(re.findall(r"^launch: .+: [\d.]+ us$", out, re.M)) == 5, out

@@ -7,6 +7,7 @@ import pytest
 from minilms import zoo
 from minilms.blob import Blob, State
 from minilms.device import make_device
+from minilms.kernels.elementwise import fill
 from minilms.layers.base import ParamSpec
 from minilms.lms import (
     LmsExecutor,
@@ -187,7 +188,7 @@ def test_a_blob_has_no_home_until_one_is_needed(kind):
     with new_device(kind, 1 * MiB) as device:
         blob = Blob(device, "x", (3, 5), np.float32, "workspace")
         assert not blob.has_home and blob.nbytes == 60
-        blob.mutable_device_data(overwrite=True)[...] = 1     # a kernel writes it: no home
+        fill(blob.mutable_device_data(overwrite=True), 1.0)   # a kernel writes it: no home
         assert not blob.has_home and "no home" in repr(blob)
         blob.release(needed_later=False)                       # dead: dropped, still none
         assert not blob.has_home and blob.state is State.UNINITIALIZED

@@ -6,9 +6,14 @@ on an optional stream (``launch``, the one way a launcher starts a CUDA kernel, 
 from collections import Counter
 from contextlib import contextmanager
 
+import numba
 from numba import cuda
 
 from .registry import THREADS_1D, on_cpu
+
+SIMULATED = bool(numba.config.ENABLE_CUDASIM)
+if not SIMULATED:
+    from .prepared_launch import prepared_launch
 
 __all__ = ["grid_1d", "launch", "counting_launches", "view", "flat", "block_sum", "block_max"]
 
@@ -30,13 +35,16 @@ def _skip(*args):
 
 
 def launch(kernel, blocks, threads, stream=None):
-    """``kernel[blocks, threads]``, on ``stream`` when one is given."""
+    """``kernel[blocks, threads]``, on ``stream`` when one is given. On a real GPU through
+    ``prepared_launch`` (numba's dispatch once per kind of arguments, not at every launch)."""
     if _COUNTERS:
         name = getattr(getattr(kernel, "py_func", kernel), "__name__", str(kernel))
         for counter in _COUNTERS:
             counter[name] += 1
         if _SKIPPING:
             return _skip
+    if not SIMULATED:
+        return prepared_launch(kernel, blocks, threads, stream)
     return kernel[blocks, threads] if stream is None else kernel[blocks, threads, stream]
 
 

@@ -348,16 +348,19 @@ def _check_batch(imgs, cols, kernel_size, stride, padding, dilation):
     if imgs.ndim != 4 or cols.ndim != 3 or imgs.shape[0] != cols.shape[0]:
         raise ValueError(f"im2col_batch/col2im_batch take imgs [B, C, H, W] and cols [B, K, L] "
                          f"of one B, got {tuple(imgs.shape)} and {tuple(cols.shape)}")
-    return _check(imgs[0], cols[0], kernel_size, stride, padding, dilation, None)[:-2]
+    # one image's shapes, not imgs[0]: a CUDA array's slice costs tens of microseconds
+    return _check(imgs, cols, kernel_size, stride, padding, dilation, None,
+                  shapes=(imgs.shape[1:], cols.shape[1:]))[:-2]
 
 
-def _check(img, col, kernel_size, stride, padding, dilation, rows):
-    full, params = _geometry(img.shape, kernel_size, stride, padding, dilation)
+def _check(img, col, kernel_size, stride, padding, dilation, rows, shapes=None):
+    img_shape, col_shape = shapes or (img.shape, col.shape)
+    full, params = _geometry(img_shape, kernel_size, stride, padding, dilation)
     r0, r1 = _rows(rows, params[-2])
     shape = (full[0], (r1 - r0) * params[-1])
-    if tuple(col.shape) != shape:
-        raise ValueError(f"col has shape {tuple(col.shape)}, expected {shape} for image "
-                         f"{tuple(img.shape)}")
+    if tuple(col_shape) != shape:
+        raise ValueError(f"col has shape {tuple(col_shape)}, expected {shape} for image "
+                         f"{tuple(img_shape)}")
     if on_cpu(img) != on_cpu(col):
         raise TypeError("img and col must both be numpy arrays or both CUDA device arrays")
     if img.dtype != col.dtype or img.dtype not in (np.float32, np.float64):

@@ -240,6 +240,12 @@ class Convolution(Layer):
         for n0 in range(0, n_samples, chunk):
             yield n0, min(n_samples, n0 + chunk)
 
+    @staticmethod
+    def _samples(a, n0, n1):
+        """``a[n0:n1]``, or ``a`` itself when that is all of it: a CUDA array's slice costs tens
+        of microseconds of host time, and one chunk usually holds the whole batch."""
+        return a if n0 == 0 and n1 == a.shape[0] else a[n0:n1]
+
     def _forward_batched(self, x, y, weight, bias, flat, chunk, stream):
         """A chunk of samples per launch: im2col of the chunk, one GEMM with the weight
         broadcast over it, the bias added per channel. Three launches a chunk."""
@@ -247,8 +253,8 @@ class Convolution(Layer):
         weight = weight.reshape(1, self.num_output, self.k)
         for n0, n1 in self._chunks(x.shape[0], chunk):
             cols = flat[:(n1 - n0) * self.k * plane].reshape(n1 - n0, self.k, plane)
-            im2col_batch(x[n0:n1], cols, *self._geometry(), stream=stream)
-            top = y[n0:n1].reshape(n1 - n0, self.num_output, plane)
+            im2col_batch(self._samples(x, n0, n1), cols, *self._geometry(), stream=stream)
+            top = self._samples(y, n0, n1).reshape(n1 - n0, self.num_output, plane)
             gemm_batched(weight, cols, top, stream=stream)
             if bias is not None:
                 add_channel_bias(top, bias, stream)
@@ -263,18 +269,18 @@ class Convolution(Layer):
             fill(dx, 0.0, stream)   # col2im adds
         for n0, n1 in self._chunks(dy.shape[0], chunk):
             beta = 0.0 if n0 == 0 else 1.0
-            grad = dy[n0:n1].reshape(n1 - n0, self.num_output, plane)
+            grad = self._samples(dy, n0, n1).reshape(n1 - n0, self.num_output, plane)
             cols = flat[:(n1 - n0) * self.k * plane].reshape(n1 - n0, self.k, plane)
             if dbias is not None:
                 channel_sums(grad, dbias, beta, stream)
             if dweight is not None:
-                im2col_batch(x[n0:n1], cols, *self._geometry(), stream=stream)
+                im2col_batch(self._samples(x, n0, n1), cols, *self._geometry(), stream=stream)
                 gemm_batched(grad, cols, dweight.reshape(1, self.num_output, self.k),
                              trans_b=True, beta=beta, stream=stream)
             if dx is not None:
                 gemm_batched(weight.reshape(1, self.num_output, self.k), grad, cols,
                              trans_a=True, stream=stream)
-                col2im_batch(cols, dx[n0:n1], *self._geometry(), stream=stream)
+                col2im_batch(cols, self._samples(dx, n0, n1), *self._geometry(), stream=stream)
 
     def forward(self, io):
         x, y = io.bottom[0], io.top[0]
