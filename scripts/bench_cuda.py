@@ -28,9 +28,11 @@ Sections (``--only`` picks some; all by default):
   compared and ``--warmup`` more, ``--runs`` runs of ``--iters`` iterations each, contenders taking
   turns; each run ends synchronized (minilms' ``iterate`` does; PyTorch's step reads its loss).
   Rows: s/iteration, images/s, ratio to PyTorch, launches per iteration, the pool.
+  ``--profile``: cProfile of LMS off (the host's time); ``--gpu-steps``: LMS off under the trace,
+  each step's GPU time from CUDA events, by layer type and layer (the GPU's time).
 
-``--smoke``: tiny shapes under the Numba CUDA simulator when no GPU is present (the test suite's
-check that this script runs), PyTorch on the CPU where installed.
+``--smoke``: tiny shapes under the Numba CUDA simulator (unless ``NUMBA_ENABLE_CUDASIM=0`` says
+otherwise): the test suite's check that this script runs; PyTorch on the CPU where installed.
 """
 import argparse
 import json
@@ -47,19 +49,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 LR, MOMENTUM = 0.01, 0.9
 SECTIONS = ("env", "gemm", "launch", "start", "train")
-
-
-def gpu_present() -> bool:
-    import ctypes
-    for name in ("libcuda.so.1", "libcuda.so"):
-        try:
-            driver = ctypes.CDLL(name)
-        except OSError:
-            continue
-        count = ctypes.c_int(0)
-        return driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 \
-            and count.value > 0
-    return False
 
 
 def torch_or_none(args):
@@ -387,6 +376,8 @@ def section_train(args, report):
                     contender.timed(args.iters)
             if args.profile:
                 profiles.append(profiled(contenders[-2].step, args.iters, batch))
+            if args.gpu_steps:
+                profiles.append(gpu_step_times(contenders[-2], batch))
         finally:
             for contender in contenders:
                 contender.close()
@@ -417,6 +408,17 @@ def section_train(args, report):
     for text in profiles:
         print(text)
     report["train"] = rows
+
+
+def gpu_step_times(contender, batch, iterations=3) -> str:
+    """minilms LMS off under the trace: each step's GPU time from CUDA events on the compute
+    stream, by layer type and by layer (``python -m minilms.trace RUN --table``'s tables)."""
+    from minilms.trace.record import record
+    with record(executor=contender.executor) as trace:
+        for _ in range(iterations):
+            contender.step()
+    return (f"\n== GPU time per step (CUDA events), minilms LMS off, batch {batch}, "
+            f"{iterations} iterations ==\n" + trace.summary(table=True, top=25))
 
 
 def profiled(step, iters, batch) -> str:
@@ -464,6 +466,8 @@ def main(argv=None) -> int:
     p.add_argument("--gemm-sizes", type=int, nargs="+", default=[1024, 4096])
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--profile", action="store_true", help="train: cProfile of minilms LMS off")
+    p.add_argument("--gpu-steps", action="store_true",
+                   help="train: each step's GPU time (events), by layer type, minilms LMS off")
     p.add_argument("--json", help="write every figure to this file")
     p.add_argument("--smoke", action="store_true", help="tiny and quick: for the test suite")
     args = p.parse_args(argv)
@@ -472,11 +476,12 @@ def main(argv=None) -> int:
         args.iters, args.runs, args.warmup, args.steps, args.gemm_sizes = 1, 1, 0, 1, [64]
         if args.only == list(SECTIONS):
             args.only = ["env", "gemm", "launch", "train"]
-    if "NUMBA_ENABLE_CUDASIM" not in os.environ and not gpu_present():
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"        # before numba.cuda is imported
+    if args.smoke:
+        os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")   # before numba is imported
     import numba
+    from numba import cuda
     args.simulated = bool(numba.config.ENABLE_CUDASIM)
-    if args.simulated and not args.smoke:
+    if not args.smoke and (args.simulated or not cuda.is_available()):
         print("bench_cuda: no GPU here (the simulator would take hours): run it with --smoke, "
               "or where a GPU is", file=sys.stderr)
         return 2

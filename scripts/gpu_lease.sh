@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/gpu-lease}
 DEADLINE=${DEADLINE:-380}
 BATCHES=${BATCHES:-32 64}
 PARTS=${PARTS:-start kernels train tier}      # which of the four parts below run
-PROFILE=${PROFILE:-}                          # --profile: where the host's time goes in training
+PROFILE=${PROFILE:-}      # --profile (the host's time in training), --gpu-steps (the GPU's, per step)
 export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-/tmp/minilms-numba-cache}   # empty: the first start is cold
 mkdir -p "$OUT" "$NUMBA_CACHE_DIR"
 left() { echo $(( DEADLINE - SECONDS )); }

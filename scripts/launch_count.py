@@ -126,7 +126,7 @@ def main(argv=None) -> int:
                 row[before] = count(model, batch, args.size, args.width, before)
             took = time.perf_counter() - start
             (b_launch, _, steps), (a_launch, syncs, _) = row[True], row[False]
-            conv = ("im2col", "col2im", "gemm", "channel", "add_channel", "fill")
+            conv = ("im2col", "col2im", "gemm", "channel", "add_channel", "fill", "sum_splits")
             conv_b = sum(n for k, n in b_launch.items() if k.startswith(conv))
             conv_a = sum(n for k, n in a_launch.items() if k.startswith(conv))
             size = 28 if model == "lenet" else args.size

@@ -1,8 +1,10 @@
 """What every kernel family shares to launch a kernel: a 1-D grid (``grid_1d``), the launch itself
 on an optional stream (``launch``, the one way a launcher starts a CUDA kernel, which
 ``counting_launches`` counts), checked views
-(``view``, ``flat``: a reshape that never copies), and the block reductions kernels call
+(``view``, ``flat``: a reshape that never copies; ``span``: a range of the first axis; on CUDA
+each made once and kept, ``derived``), and the block reductions kernels call
 (``block_sum`` / ``block_max``: deterministic shared-memory trees inside one CUDA block)."""
+import weakref
 from collections import Counter
 from contextlib import contextmanager
 
@@ -15,7 +17,8 @@ SIMULATED = bool(numba.config.ENABLE_CUDASIM)
 if not SIMULATED:
     from .prepared_launch import prepared_launch
 
-__all__ = ["grid_1d", "launch", "counting_launches", "view", "flat", "block_sum", "block_max"]
+__all__ = ["grid_1d", "launch", "counting_launches", "view", "span", "derived", "flat",
+           "block_sum", "block_max"]
 
 
 def grid_1d(n: int, threads: int = THREADS_1D) -> tuple[int, int]:
@@ -68,11 +71,49 @@ def counting_launches(run: bool = True):
 
 def view(array, *shape):
     """``array`` reshaped without a copy; refuses non-contiguous arrays, whose reshape would copy
-    (for numpy silently, so the kernel's writes would be lost)."""
-    contiguous = array.flags.c_contiguous if on_cpu(array) else array.is_c_contiguous()
-    if not contiguous:
+    (for numpy silently, so the kernel's writes would be lost). On CUDA made once per array and
+    shape (``derived``)."""
+    if on_cpu(array):
+        if not array.flags.c_contiguous:
+            raise ValueError("minilms kernels need C-contiguous arrays")
+        return array.reshape(*shape)
+    return derived(array, shape, lambda: _reshaped(array, shape))
+
+
+def _reshaped(array, shape):
+    if not array.is_c_contiguous():
         raise ValueError("minilms kernels need C-contiguous arrays")
     return array.reshape(*shape)
+
+
+def span(array, start: int, stop: int):
+    """``array[start:stop]`` (along the first axis); ``array`` itself when that is all of it. On
+    CUDA made once per array and range (``derived``)."""
+    if start == 0 and stop == array.shape[0]:
+        return array
+    if on_cpu(array):
+        return array[start:stop]
+    return derived(array, (slice, start, stop), lambda: array[start:stop])
+
+
+# id(CUDA array) -> {key: a view of it}; an entry goes when its array is collected
+_DERIVED: dict = {}
+
+
+def derived(array, key, make):
+    """``make()``, a view of the CUDA array ``array``, made once per ``key`` while the array lives.
+    Each numba device-array view (a slice, a reshape) costs tens of microseconds of host time
+    (docs/kernels.md), and the launchers of a training iteration make the same views of the same
+    arrays every iteration: a blob's view lives as long as its place in the pool. A view aliases
+    fixed memory and its shape never changes, so a kept one is always right."""
+    views = _DERIVED.get(id(array))
+    if views is None:
+        views = _DERIVED[id(array)] = {}
+        weakref.finalize(array, _DERIVED.pop, id(array), None)
+    found = views.get(key)
+    if found is None:
+        found = views[key] = make()
+    return found
 
 
 def flat(*arrays):

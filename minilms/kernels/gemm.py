@@ -33,10 +33,11 @@ import numba
 import numpy as np
 from numba import cuda, float32, uint32
 
-from .common import launch, view
+from .common import grid_1d, launch, view
 from .registry import cuda_kernel, on_cpu
 
-__all__ = ["gemm", "gemm_batched", "GEMM_KERNELS", "BM", "BN", "BK", "TM", "TN", "THREADS"]
+__all__ = ["gemm", "gemm_batched", "split_k", "sum_splits", "GEMM_KERNELS", "BM", "BN", "BK", "TM",
+           "TN", "THREADS"]
 
 # The tile shape. Module constants, so the kernel sees them as compile-time constants (loops over
 # TM/TN unroll and `acc` lives in registers); the simulator reads them at run time, which lets the
@@ -278,21 +279,24 @@ def gemm_batched(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, str
     arrays, in place; returns ``c``.
 
     An operand with a batch of 1 serves every sample. ``c``'s batch is the samples' (one product
-    each) or 1 (their sum: ``s`` runs over the whole batch). Otherwise as ``gemm``.
+    each), 1 (their sum: ``s`` runs over the whole batch), or a divisor of it (``c[z]`` sums
+    samples ``z * per`` to ``z * per + per - 1``, ``per = samples / batch of c``: a split-K
+    sum's partials, for ``sum_splits``). Otherwise as ``gemm``.
     """
     if a.ndim != 3 or b.ndim != 3 or c.ndim != 3:
         raise ValueError(f"gemm_batched needs 3-D arrays, got {a.ndim}-D, {b.ndim}-D, {c.ndim}-D")
     samples = max(a.shape[0], b.shape[0])
-    if any(x.shape[0] not in (1, samples) for x in (a, b)) or c.shape[0] not in (1, samples):
+    if any(x.shape[0] not in (1, samples) for x in (a, b)) or samples % c.shape[0]:
         raise ValueError(f"gemm_batched batches do not match: a {a.shape[0]}, b {b.shape[0]}, "
-                         f"c {c.shape[0]} (each the batch, or 1)")
-    m, n, k = _check_shapes(a[0], b[0], c[0], trans_a, trans_b)
+                         f"c {c.shape[0]} (a and b: the batch, or 1; c: a divisor of it)")
+    m, n, k = _check_shapes(a, b, c, trans_a, trans_b, batched=True)
     if _placed(a, b, c):
         op_a = a.transpose(0, 2, 1) if trans_a else a
         op_b = b.transpose(0, 2, 1) if trans_b else b
         product = np.matmul(op_a, op_b)
-        if c.shape[0] == 1 and samples > 1:
-            product = product.sum(axis=0, keepdims=True, dtype=c.dtype)
+        if c.shape[0] < samples:        # each c[z] sums samples / c.shape[0] of them
+            product = product.reshape(c.shape[0], -1, *product.shape[1:]).sum(
+                axis=1, dtype=c.dtype)
         c[...] = alpha * product + (beta * c if beta else 0)
         return c
     if m and n:
@@ -336,15 +340,18 @@ def _launch(a, b, c, m, n, trans_a, trans_b, alpha, beta, stream):
         np.float32(beta))
 
 
-def _check_shapes(a, b, c, trans_a, trans_b):
-    if a.ndim != 2 or b.ndim != 2 or c.ndim != 2:
-        raise ValueError(f"gemm needs 2-D arrays, got {a.ndim}-D, {b.ndim}-D, {c.ndim}-D")
+def _check_shapes(a, b, c, trans_a, trans_b, batched=False):
+    """(m, n, k) of 2-D ``a``, ``b``, ``c``; ``batched``: of each sample of 3-D ones (read from
+    the shapes: a CUDA array's ``a[0]`` would cost tens of microseconds of host time)."""
+    sa, sb, sc = (tuple(x.shape[1:] if batched else x.shape) for x in (a, b, c))
+    if len(sa) != 2 or len(sb) != 2 or len(sc) != 2:
+        raise ValueError(f"gemm needs 2-D arrays, got {len(sa)}-D, {len(sb)}-D, {len(sc)}-D")
     if not a.dtype == b.dtype == c.dtype:
         raise TypeError(f"gemm needs one dtype, got {a.dtype}, {b.dtype}, {c.dtype}")
-    m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
-    kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
-    if k != kb or tuple(c.shape) != (m, n):
-        raise ValueError(f"gemm shapes do not match: op(a) {m}x{k}, op(b) {kb}x{n}, c {c.shape}")
+    m, k = (sa[1], sa[0]) if trans_a else sa
+    kb, n = (sb[1], sb[0]) if trans_b else sb
+    if k != kb or sc != (m, n):
+        raise ValueError(f"gemm shapes do not match: op(a) {m}x{k}, op(b) {kb}x{n}, c {sc}")
     return m, n, k
 
 
@@ -366,3 +373,59 @@ def _gemm_cpu(a, b, c, trans_a, trans_b, alpha, beta):
     if beta != 1:
         c *= beta
     c += product
+
+
+# -- split-K: a summed product's partial sums, reduced in order -----------------------------------
+# A summed product (a weight gradient over a chunk of samples) of a small [M, N] has few tiles:
+# 5 blocks of 128x128 for a 64x576 gradient, on a GPU of 132 SMs. Split over the samples, each
+# block sums a share of them into its own partial, and ``sum_splits`` adds the partials in order:
+# deterministic, no atomics.
+SPLIT_K_BLOCKS = 264     # two blocks per SM of an H100 (132 SMs): what a summed product should fill
+
+
+def split_k(m: int, n: int, samples: int, most: int | None = None) -> int:
+    """How many partial sums (the batch of ``c`` in ``gemm_batched``) give a product of ``[m, n]``
+    summed over ``samples`` enough blocks to fill a GPU: 1 when its tiles alone do; otherwise a
+    divisor of ``samples`` (each block sums ``samples / splits`` of them), at most ``most``."""
+    tiles = -(-m // BM) * -(-n // BN)
+    want = min(samples, -(-SPLIT_K_BLOCKS // tiles), most or samples)
+    if tiles >= SPLIT_K_BLOCKS // 2 or want < 2:
+        return 1
+    return max(d for d in range(1, want + 1) if samples % d == 0)
+
+
+@cuda_kernel("void(float32[::1], float32[::1], uint32, float32)")
+def sum_splits_cuda(parts, out, splits, beta):
+    n = out.size
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+        acc = parts[i]
+        for z in range(1, splits):
+            acc += parts[z * n + i]
+        if beta != 0:
+            acc += beta * out[i]
+        out[i] = acc
+
+
+def _sum_splits_cpu(parts, out, beta):
+    acc = parts[0].copy()
+    for z in range(1, parts.shape[0]):      # in order, as the kernel sums
+        acc += parts[z]
+    if beta != 0:
+        acc += beta * out
+    out[...] = acc
+
+
+def sum_splits(parts, out, beta=0.0, stream=None):
+    """``out = sum_z parts[z] (+ beta * out)``, ``z`` in order (``beta == 0``: ``out`` not read):
+    the partial sums of a split-K ``gemm_batched``, ``parts`` ``[splits, ...]`` of ``out``'s
+    size each."""
+    splits = parts.shape[0]
+    if parts.size != splits * out.size:
+        raise ValueError(f"sum_splits: parts {tuple(parts.shape)} are not {splits} of out "
+                         f"{tuple(out.shape)}")
+    p, o = view(parts, splits, out.size), view(out, out.size)
+    if on_cpu(out):
+        _sum_splits_cpu(p, o, beta)
+    elif o.size:
+        launch(sum_splits_cuda, *grid_1d(o.size), stream)(
+            view(parts, parts.size), o, np.uint32(splits), np.float32(beta))

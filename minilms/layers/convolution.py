@@ -55,9 +55,10 @@ import numpy as np
 
 from ..kernels import conv_cpu, on_cpu
 from ..kernels.channel_bias import add_channel_bias, channel_sums
+from ..kernels.common import span, view
 from ..kernels.direct import DirectConvolution
 from ..kernels.elementwise import fill, slice_copy
-from ..kernels.gemm import gemm, gemm_batched
+from ..kernels.gemm import gemm, gemm_batched, split_k, sum_splits
 from ..kernels.im2col import col2im, col2im_batch, conv_out_size, im2col, im2col_batch
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
 from .recompute import Recompute
@@ -158,14 +159,13 @@ class Convolution(Layer):
         plane, ones = self.out_h * self.out_w, int(self.bias)
         per_sample = (self.groups * self.k + self.num_output) * plane   # col and dyT of a chunk
         self.chunk = min(shape[0], budget // per_sample) if chunked else 0
-        self.band_rows, self.staged = self.out_h, False
+        self.band_rows, self.staged, self.partials = self.out_h, False, 0
         if self.chunk >= 1:
             self.elements = self.chunk * per_sample   # holds one sample's col and ones as well
         elif (self.k + ones) * plane <= budget:
             self.elements = (self.k + ones) * plane
             if not chunked and self.groups == 1:   # cuda: as many samples' columns as fit
-                self.elements = max(self.elements,
-                                    min(shape[0], budget // (self.k * plane)) * self.k * plane)
+                self.elements = max(self.elements, self._cuda_columns(shape[0], budget))
         else:
             per_row = (self.k + self.out_group + ones) * self.out_w
             if budget < per_row:
@@ -173,6 +173,26 @@ class Convolution(Layer):
                                  f"output row of col for input {shape})", self.max_workspace)
             self.band_rows, self.staged = budget // per_row, True
             self.elements = self.band_rows * per_row
+
+    def _cuda_columns(self, n_samples: int, budget: int) -> int:
+        """Elements for as many samples' columns as fit the budget, and after them the weight
+        gradient's split-K partial sums (``partials``) where its own tiles would leave a GPU idle
+        (``gemm.split_k``): those come out of the columns' budget."""
+        per = self.k * self.out_h * self.out_w
+        fit = min(n_samples, budget // per)
+        splits = split_k(self.num_output, self.k, fit)
+        partials = splits * self.num_output * self.k if splits > 1 else 0
+        if (budget - partials) // per >= 1:
+            self.partials = partials
+            fit = min(n_samples, (budget - partials) // per)
+        return fit * per + self.partials
+
+    def _dw_splits(self, n_samples: int) -> int:
+        """The weight gradient's partial sums for a chunk of ``n_samples`` (1: none)."""
+        if not self.partials:
+            return 1
+        return split_k(self.num_output, self.k, n_samples,
+                       most=self.partials // (self.num_output * self.k))
 
     # -- declarations --------------------------------------------------------------------------
     def flops(self) -> int:
@@ -234,27 +254,22 @@ class Convolution(Layer):
         for groups, or an image whose columns alone exceed it)."""
         if self.groups != 1 or self.staged:
             return 0
-        return min(n_samples, self.elements // (self.k * self.out_h * self.out_w))
+        return min(n_samples, (self.elements - self.partials) // (self.k * self.out_h * self.out_w))
 
     def _chunks(self, n_samples, chunk):
         for n0 in range(0, n_samples, chunk):
             yield n0, min(n_samples, n0 + chunk)
 
-    @staticmethod
-    def _samples(a, n0, n1):
-        """``a[n0:n1]``, or ``a`` itself when that is all of it: a CUDA array's slice costs tens
-        of microseconds of host time, and one chunk usually holds the whole batch."""
-        return a if n0 == 0 and n1 == a.shape[0] else a[n0:n1]
 
     def _forward_batched(self, x, y, weight, bias, flat, chunk, stream):
         """A chunk of samples per launch: im2col of the chunk, one GEMM with the weight
         broadcast over it, the bias added per channel. Three launches a chunk."""
         plane = self.out_h * self.out_w
-        weight = weight.reshape(1, self.num_output, self.k)
+        weight = view(weight, 1, self.num_output, self.k)
         for n0, n1 in self._chunks(x.shape[0], chunk):
-            cols = flat[:(n1 - n0) * self.k * plane].reshape(n1 - n0, self.k, plane)
-            im2col_batch(self._samples(x, n0, n1), cols, *self._geometry(), stream=stream)
-            top = self._samples(y, n0, n1).reshape(n1 - n0, self.num_output, plane)
+            cols = view(span(flat, 0, (n1 - n0) * self.k * plane), n1 - n0, self.k, plane)
+            im2col_batch(span(x, n0, n1), cols, *self._geometry(), stream=stream)
+            top = view(span(y, n0, n1), n1 - n0, self.num_output, plane)
             gemm_batched(weight, cols, top, stream=stream)
             if bias is not None:
                 add_channel_bias(top, bias, stream)
@@ -269,18 +284,30 @@ class Convolution(Layer):
             fill(dx, 0.0, stream)   # col2im adds
         for n0, n1 in self._chunks(dy.shape[0], chunk):
             beta = 0.0 if n0 == 0 else 1.0
-            grad = self._samples(dy, n0, n1).reshape(n1 - n0, self.num_output, plane)
-            cols = flat[:(n1 - n0) * self.k * plane].reshape(n1 - n0, self.k, plane)
+            grad = view(span(dy, n0, n1), n1 - n0, self.num_output, plane)
+            cols = view(span(flat, 0, (n1 - n0) * self.k * plane), n1 - n0, self.k, plane)
             if dbias is not None:
                 channel_sums(grad, dbias, beta, stream)
             if dweight is not None:
-                im2col_batch(self._samples(x, n0, n1), cols, *self._geometry(), stream=stream)
-                gemm_batched(grad, cols, dweight.reshape(1, self.num_output, self.k),
-                             trans_b=True, beta=beta, stream=stream)
+                im2col_batch(span(x, n0, n1), cols, *self._geometry(), stream=stream)
+                self._weight_grad(grad, cols, dweight, beta, flat, stream)
             if dx is not None:
-                gemm_batched(weight.reshape(1, self.num_output, self.k), grad, cols,
+                gemm_batched(view(weight, 1, self.num_output, self.k), grad, cols,
                              trans_a=True, stream=stream)
-                col2im_batch(cols, self._samples(dx, n0, n1), *self._geometry(), stream=stream)
+                col2im_batch(cols, span(dx, n0, n1), *self._geometry(), stream=stream)
+
+    def _weight_grad(self, grad, cols, dweight, beta, flat, stream):
+        """``dweight (+)= sum over the chunk of grad[s] @ cols[s]^T``: one GEMM that sums the
+        samples, or (``_dw_splits``) partial sums over shares of them, then their ordered sum."""
+        splits, size = self._dw_splits(grad.shape[0]), self.num_output * self.k
+        if splits == 1:
+            gemm_batched(grad, cols, view(dweight, 1, self.num_output, self.k), trans_b=True,
+                         beta=beta, stream=stream)
+            return
+        end = self.elements
+        parts = view(span(flat, end - splits * size, end), splits, self.num_output, self.k)
+        gemm_batched(grad, cols, parts, trans_b=True, stream=stream)
+        sum_splits(parts, dweight, beta, stream)
 
     def forward(self, io):
         x, y = io.bottom[0], io.top[0]

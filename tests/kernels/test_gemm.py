@@ -178,13 +178,14 @@ def naive_batched(a, b, c, trans_a, trans_b, alpha, beta):
         gemm(a[min(s, a.shape[0] - 1)].astype(np.float64),
              b[min(s, b.shape[0] - 1)].astype(np.float64), out, trans_a, trans_b)
         products.append(out)
-    total = np.stack(products) if c.shape[0] == samples else sum(products)[None]
+    per = samples // c.shape[0]          # c[z] sums samples z * per .. z * per + per - 1
+    total = np.stack([sum(products[z * per:(z + 1) * per]) for z in range(c.shape[0])])
     return alpha * total + beta * c
 
 
-# (a's batch, b's batch, c's batch): a product per sample (one operand broadcast or none), or the
-# sum over the samples (a weight gradient)
-BATCHES = [(1, 3, 3), (3, 1, 3), (3, 3, 3), (3, 3, 1), (1, 1, 1)]
+# (a's batch, b's batch, c's batch): a product per sample (one operand broadcast or none), the
+# sum over the samples (a weight gradient), or partial sums over shares of them (split-K)
+BATCHES = [(1, 3, 3), (3, 1, 3), (3, 3, 3), (3, 3, 1), (1, 1, 1), (4, 4, 2), (1, 6, 3)]
 
 
 @pytest.mark.parametrize("batches", BATCHES)
@@ -224,3 +225,52 @@ def test_batched_cuda_matches_sample_by_sample(tile, batches, trans_a, trans_b):
         d_c = cuda.to_device(c)
         gemm_batched(cuda.to_device(a), cuda.to_device(b), d_c, trans_a, trans_b, 0.5, beta)
         np.testing.assert_allclose(d_c.copy_to_host(), expected, rtol=1e-5, atol=1e-5)
+
+
+# --- split-K: partial sums and their ordered sum ------------------------------------------------
+
+def test_split_k_fills_a_gpu_only_where_the_tiles_do_not():
+    from minilms.kernels import gemm as g
+    assert g.split_k(64, 576, 32) > 1                      # 5 tiles of 128x128: split
+    assert g.split_k(64, 576, 32) * 5 <= 2 * g.SPLIT_K_BLOCKS
+    assert g.split_k(512, 4608, 32) == 1                   # 144 tiles: enough already
+    assert g.split_k(64, 576, 1) == 1
+    for samples in (7, 9, 12, 32):                         # always a divisor of the samples
+        splits = g.split_k(64, 576, samples)
+        assert samples % splits == 0 and splits <= samples
+    assert g.split_k(64, 576, 32, most=3) <= 3
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_sum_splits_cpu_sums_in_order(beta):
+    from minilms.kernels.gemm import sum_splits
+    rng = np.random.default_rng(3)
+    parts = rng.standard_normal((5, 3, 4)).astype(np.float32)
+    out = rng.standard_normal((3, 4)).astype(np.float32)
+    expected = parts[0].copy()
+    for z in range(1, 5):
+        expected += parts[z]
+    if beta:
+        expected += out
+    else:
+        out[...] = np.nan                                   # beta 0: out is not read
+    sum_splits(parts, out, beta)
+    np.testing.assert_array_equal(out, expected)
+    with pytest.raises(ValueError, match="are not 5 of out"):
+        sum_splits(parts, out[:2], beta)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("size", [1, 256, 257])
+def test_sum_splits_cuda_matches_cpu(size):
+    from numba import cuda
+
+    from minilms.kernels.gemm import sum_splits
+    rng = np.random.default_rng(size)
+    parts = rng.standard_normal((3, size)).astype(np.float32)
+    for beta in (0.0, 1.0):
+        out = rng.standard_normal(size).astype(np.float32)
+        d_out = cuda.to_device(np.full(size, np.nan, np.float32) if not beta else out)
+        sum_splits(cuda.to_device(parts), d_out, beta)
+        sum_splits(parts, out, beta)
+        np.testing.assert_allclose(d_out.copy_to_host(), out, rtol=1e-6, atol=1e-6)

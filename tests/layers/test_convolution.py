@@ -441,13 +441,17 @@ def test_cuda_chunks_of_samples_equal_one_sample_at_a_time(monkeypatch):
     dy = rng.standard_normal(probe.top_shapes[0]).astype(np.float32)
     params = random_bias(probe, rng)
     results = {}
-    for name, workspace, chunk in (("one sample", 64 * MiB, 0), ("chunks of 2", 2 * col, 2),
+    partials = 2 * probe.num_output * probe.k * 4     # the weight gradient's split-K sums
+    for name, workspace, chunk in (("one sample", 64 * MiB, 0),
+                                   ("chunks of 2", 2 * col + partials, 2),
                                    ("all 3", 64 * MiB, 3)):
         layer = conv(num_output=4, pad=1, max_workspace=workspace)
         if chunk == 0:
             monkeypatch.setattr(layer, "_batch_chunk", lambda n: 0)
         results[name] = forward_backward("cuda", layer, x, dy, params, device_kind="cuda")
         assert layer._batch_chunk(shape[0]) == chunk
+        if chunk:   # 4x18 weights are one tile: each sample's share summed apart, then in order
+            assert layer._dw_splits(chunk) == chunk and layer._dw_splits(1) == 1
     expected = results["one sample"]
     for name in ("chunks of 2", "all 3"):
         got = results[name]

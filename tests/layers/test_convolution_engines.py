@@ -141,10 +141,15 @@ def test_cpu_workspace_is_the_engines_where_it_runs_everything():
         cuda = sized(g, "cuda")
         assert cuda.chunk == 0 and not cuda.fast.pointwise
         plane = cuda.out_h * cuda.out_w
-        # the whole batch's columns (no bias: no ones), the batched path's chunk of samples
-        assert cuda.elements == g.n * cuda.k * plane and cuda._batch_chunk(g.n) == g.n
-        tight = sized(g, "cuda", max_workspace=4 * cuda.k * plane * 2)   # room for two samples
-        assert tight.elements == 2 * tight.k * plane and tight._batch_chunk(g.n) == 2
+        # the whole batch's columns (no bias: no ones), the batched path's chunk of samples, and
+        # the weight gradient's split-K partial sums (one tile of weights: one per sample)
+        weights = cuda.num_output * cuda.k
+        assert cuda.partials == g.n * weights
+        assert cuda.elements == g.n * cuda.k * plane + cuda.partials
+        assert cuda._batch_chunk(g.n) == g.n
+        room = 2 * cuda.k * plane + 2 * weights                 # for two samples and their sums
+        tight = sized(g, "cuda", max_workspace=4 * room)
+        assert tight.elements == room and tight._batch_chunk(g.n) == 2
 
 
 @pytest.mark.parametrize("g", [POINTWISE_LONG, POINTWISE_SHORT, THREE_BY_THREE],
