@@ -17,7 +17,9 @@ setup(
     python_requires=">=3.10",
     install_requires=[
         "numba>=0.60",
-        "numpy>=1.24",
+        # numba-cuda 0.30's CUDA target still uses np.row_stack, which numpy 2.5 removed: with
+        # numpy 2.5 every CUDA kernel (and the PTX report) fails to load (seen on a GPU machine)
+        "numpy>=1.24,<2.5",
         "pillow>=10",
         "tqdm>=4.60",
         "pyyaml>=6",
