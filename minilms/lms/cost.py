@@ -41,8 +41,11 @@ from .substeps import plan_split, share_of_flops
 
 GB = 1e9
 
-# The cuda device's constants, each *predicted* (no GPU has measured them here), taken from the
-# kernels themselves where they can be:
+# The cuda device's constants, each *predicted*, taken from the kernels themselves where they can
+# be. Checked since on an H100 SXM (docs/benchmarks.md, "CUDA on an H100"): the GEMM ran at 39-41
+# TFLOP/s (this model: 38.4); a launch cost 127 us of host time through numba's dispatch, 20 us
+# now (kernels/prepared_launch.py), but a whole step more than this model's 100 us, the views
+# and the executor's own work with it: the model is not yet refitted to those.
 GPU_FP32_PEAK = 51.2e12      # FLOP/s: an H100 PCIe, 114 SMs x 128 FP32 lanes x 2 x 1.755 GHz
 GPU_MEMORY = 2.0e12          # bytes/s: its HBM2e
 GPU_LINK = 25 * GB           # bytes/s: PCIe 4.0 x16 as copies reach it, where no link is named
