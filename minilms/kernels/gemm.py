@@ -423,9 +423,9 @@ def sum_splits(parts, out, beta=0.0, stream=None):
     if parts.size != splits * out.size:
         raise ValueError(f"sum_splits: parts {tuple(parts.shape)} are not {splits} of out "
                          f"{tuple(out.shape)}")
-    p, o = view(parts, splits, out.size), view(out, out.size)
+    o = view(out, out.size)
     if on_cpu(out):
-        _sum_splits_cpu(p, o, beta)
+        _sum_splits_cpu(view(parts, splits, out.size), o, beta)
     elif o.size:
         launch(sum_splits_cuda, *grid_1d(o.size), stream)(
             view(parts, parts.size), o, np.uint32(splits), np.float32(beta))
