@@ -182,7 +182,9 @@ def test_errors_name_step_bytes_capacity():
 # digested and compared with what the planner before that work decided (these helpers, run on
 # it, recorded the digests below). The resnet18/16 digests were recorded again when its 1x1
 # projections took the pointwise engine (less workspace: other sizes, other decisions; the
-# planner's code did not change in that commit).
+# planner's code did not change in that commit), and those of the nets with batch norm again when
+# BatchNorm declared the float64 stats of its CUDA sums (issue 19; these nets are set up for either
+# device): with the old BatchNorm workspace monkeypatched in, the old digests came back.
 SAME_POLICIES = {
     "default": Policy(), "lazy": Policy(limit=1 << 40), "swap4k": Policy(min_swap_bytes=4096),
     "keep pf2": Policy(keep_state=True, prefetch=2),
@@ -190,13 +192,13 @@ SAME_POLICIES = {
     "sf0.3 pf3": Policy(start_fraction=0.3, prefetch=3), "off": Policy(enabled=False)}
 SAME_SCALES = (1.0, 1.25, 2.5)
 SAME_DECISIONS = {   # the planner before issue 18, per net and policy (see decisions())
-    "googlenet/32|default": "28b736ae025b09f0",
-    "googlenet/32|lazy": "a73e4bf3bd1e014a",
-    "googlenet/32|swap4k": "a79d686d5d23b496",
-    "googlenet/32|keep pf2": "286aa759254507a9",
-    "googlenet/32|reduce": "c777e31c6874a7d7",
-    "googlenet/32|sf0.3 pf3": "4c8507eef57ed02a",
-    "googlenet/32|off": "6680b6a24b766d02",
+    "googlenet/32|default": "78d1c4fffa501837",
+    "googlenet/32|lazy": "d8197b43ad2ec602",
+    "googlenet/32|swap4k": "79a523f3508ab548",
+    "googlenet/32|keep pf2": "026760ab03c2a610",
+    "googlenet/32|reduce": "01d0ebbdfce825a1",
+    "googlenet/32|sf0.3 pf3": "d5c41da550ea008c",
+    "googlenet/32|off": "242631e3544e757b",
     "lenet eval|default": "2bb478a170797f5a",
     "lenet eval|lazy": "9cb6091a04ba5885",
     "lenet eval|swap4k": "b00b87d2e55ca32b",
@@ -211,26 +213,26 @@ SAME_DECISIONS = {   # the planner before issue 18, per net and policy (see deci
     "residual+inception|reduce": "2ad6aa6246baab6f",
     "residual+inception|sf0.3 pf3": "da10b90e650fa9c0",
     "residual+inception|off": "affaa7eeb2831484",
-    "resnet18/16|default": "bf905589e85aab0a",
-    "resnet18/16|lazy": "c72ba58deaeb2a7c",
-    "resnet18/16|swap4k": "e5fe0da980d49430",
-    "resnet18/16|keep pf2": "d882cd9129830d58",
-    "resnet18/16|reduce": "24caf726a5db9f79",
-    "resnet18/16|sf0.3 pf3": "266a8acaaf286617",
-    "resnet18/16|off": "96185f72c877a749",
-    "resnet18/16 adam|default": "984f55b78a41f1eb",
-    "resnet18/16 adam|lazy": "df0120324c94e22b",
-    "resnet18/16 adam|swap4k": "eed1bd21cd47fe7a",
-    "resnet18/16 adam|keep pf2": "ac9305e9ee4d7e7d",
-    "resnet18/16 adam|reduce": "dfcf31d0c8131ea8",
-    "resnet18/16 adam|sf0.3 pf3": "2bca2d17549449ea",
-    "resnet18/16 adam|off": "e0a2eaea03e95e50",
+    "resnet18/16|default": "3278793b645eb96a",
+    "resnet18/16|lazy": "bb39be54105c25a5",
+    "resnet18/16|swap4k": "1e20481837f56283",
+    "resnet18/16|keep pf2": "2f255e4a970fa63a",
+    "resnet18/16|reduce": "3c35c329c9987e32",
+    "resnet18/16|sf0.3 pf3": "2df0c8a10dbf7485",
+    "resnet18/16|off": "61fdd68e408eee25",
+    "resnet18/16 adam|default": "4f21280a10349121",
+    "resnet18/16 adam|lazy": "79aebe69614625b5",
+    "resnet18/16 adam|swap4k": "fae75a8269b7e13f",
+    "resnet18/16 adam|keep pf2": "02ce6c73151ad5b4",
+    "resnet18/16 adam|reduce": "d59e1068a06b1933",
+    "resnet18/16 adam|sf0.3 pf3": "ea624345601ca5dd",
+    "resnet18/16 adam|off": "626b3f2716767601",
 }
 AUTO_DECISIONS = {   # its plan under policy: auto, per net and pool (see auto_plan_at())
-    "resnet18/16|1.0": "e544340bbb88796e",
-    "resnet18/16|1.6": "72b95ec1f50c8fcd",
-    "googlenet/32|1.0": "bad6b1a205ec8790",
-    "googlenet/32|1.6": "e5186554389dcffe",
+    "resnet18/16|1.0": "cd853e525d091561",
+    "resnet18/16|1.6": "763710b7fa04399d",
+    "googlenet/32|1.0": "e16c4007da4e26a2",
+    "googlenet/32|1.6": "ccebbefebbccd716",
     "residual+inception|1.0": "5fb8e9b1d0f8e816",
     "residual+inception|1.6": "36811e5eb1b35adc",
 }

@@ -31,83 +31,50 @@ Backward (training mode), with ``xhat = (x - mean) * invstd``::
 
 Sums: the variance is two-pass (no cancellation of ``E[x^2] - E[x]^2``), and every sum runs in
 float64 on both devices, so that they agree at 2240x2240 (millions of values a channel), where
-float32 sums drift. CUDA: one block per channel, float64 per thread and a fixed-order float64 tree,
-deterministic. CPU: per channel in float64 over vector lanes.
+float32 sums drift. CUDA: a grid-wide reduction in two stages through a float64 workspace,
+``stats`` (``batchnorm_sums``: one warp per piece of a row, then one block per channel over the
+pieces; deterministic), then an elementwise pass over the grid. CPU: per channel in float64 over
+vector lanes.
 
 A step split along the batch runs the same arithmetic in pieces: ``batchnorm_split``.
 """
 import math
 
 import numpy as np
-from numba import cuda, float64, njit, prange
+from numba import cuda, njit, prange
 
-from .common import block_sum, grid_1d, launch, view
+from .batchnorm_sums import (
+    THREADS,
+    channel_views,
+    cuda_grad_sums,
+    cuda_invstd,
+    cuda_mean,
+    cuda_param_grads,
+    cuda_sums,
+    nchw,
+    signatures,
+    stats_shape,
+)
+from .common import grid_1d, launch
 from .registry import cuda_kernel, on_cpu
 
-__all__ = ["batchnorm_forward_train", "batchnorm_forward_saved", "batchnorm_forward_inference",
-           "batchnorm_backward", "THREADS", "SUMS", "signatures", "nchw", "channel_views"]
+__all__ = ["batchnorm_forward_train", "batchnorm_normalize", "batchnorm_forward_inference",
+           "batchnorm_backward", "batchnorm_input_grad", "THREADS", "SUMS", "signatures", "nchw",
+           "channel_views", "stats_shape", "cuda_stats"]
 
-THREADS = 256   # one block per channel
 # The CPU sums run in float64 with reassociation allowed, so LLVM splits them over vector lanes
 # (measured faster on backward); the order then depends on the vector width only, not the threads.
 SUMS = {"reassoc", "contract"}
 
-_A = (("float32[:, :, ::1]", "float32[::1]", "float32"),
-      ("float64[:, :, ::1]", "float64[::1]", "float64"))
 
-
-def signatures(pattern):
-    """Each kernel's float32 and float64 signatures: ``X`` the data, ``V`` a per-channel array,
-    ``S`` a scalar (shared with ``batchnorm_split``)."""
-    return [pattern.replace("X", x).replace("V", v).replace("S", s) for x, v, s in _A]
-
-
-def nchw(x):
-    """``x`` viewed as ``[N, C, H*W]``."""
-    n, c = x.shape[:2]
-    return view(x, n, c, x.size // (n * c) if n * c else 0)
-
-
-def channel_views(c, *arrays):
-    for a in arrays:
-        if a.size != c:
-            raise ValueError(f"per-channel array of shape {a.shape} for {c} channels")
-    return [view(a, c) for a in arrays]
-
-
-@cuda_kernel(*signatures("void(X, V, V, X, V, V, V, V, S, S)"), block=THREADS)
-def forward_train_cuda(x, gamma, beta, y, mean, invstd, running_mean, running_var, momentum, eps):
-    buf = cuda.shared.array(THREADS, dtype=float64)   # float64 sums, as the CPU twin's
-    t = cuda.threadIdx.x
-    n_, c_, hw = x.shape
-    m = n_ * hw
-    one = x.dtype.type(1)
-    for c in range(cuda.blockIdx.x, c_, cuda.gridDim.x):
-        acc = 0.0
-        for i in range(t, m, THREADS):
-            acc += float64(x[i // hw, c, i % hw])
-        buf[t] = acc
-        mu64 = block_sum(buf, t) / m
-        acc = 0.0
-        for i in range(t, m, THREADS):
-            d = float64(x[i // hw, c, i % hw]) - mu64
-            acc += d * d
-        buf[t] = acc
-        ssd = block_sum(buf, t)
-        mu = x.dtype.type(mu64)
-        inv = x.dtype.type(1.0 / math.sqrt(ssd / m + float64(eps)))
-        g = gamma[c] * inv
-        b = beta[c]
-        for i in range(t, m, THREADS):
-            y[i // hw, c, i % hw] = (x[i // hw, c, i % hw] - mu) * g + b
-        if t == 0:
-            mean[c] = mu
-            invstd[c] = inv
-            # the fused multiply-add spelled out: left to the compiler, the whole-batch and the
-            # split kernels contracted differently (an H100: running means 1 ulp apart)
-            running_mean[c] = cuda.fma(one - momentum, running_mean[c], momentum * mu)
-            running_var[c] = cuda.fma(one - momentum, running_var[c],
-                                      momentum * x.dtype.type(ssd / (m - 1)))
+def cuda_stats(stats, x):
+    """``stats``, the float64 workspace the CUDA sums need (``stats_shape``), or a clear error."""
+    if stats is None:
+        n, c = x.shape[:2]
+        raise ValueError("batch norm on cuda needs its float64 stats workspace, shape "
+                         f"{stats_shape(c, n, x.size // (n * c))} (stats_shape): the layer "
+                         "declares it when set up for cuda (Layer.setup's device_kind)")
+    return stats
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=SUMS)
@@ -142,34 +109,42 @@ def forward_train_cpu(x, gamma, beta, y, mean, invstd, running_mean, running_var
 
 
 def batchnorm_forward_train(x, gamma, beta, y, mean, invstd, running_mean, running_var,
-                            momentum=0.1, eps=1e-5, stream=None):
+                            momentum=0.1, eps=1e-5, stream=None, stats=None):
     """Normalise with batch statistics, save ``mean``/``invstd`` (``[C]``) for backward and update
-    the running statistics in place. ``y`` may be ``x``."""
+    the running statistics in place. ``y`` may be ``x``. On CUDA, ``stats`` is the float64
+    workspace of the sums (``stats_shape``)."""
     c = x.shape[1]
     x3, y3 = nchw(x), nchw(y)
-    if x3.size // c < 2:
+    m = x3.size // c
+    if m < 2:
         raise ValueError("batch norm in training needs more than one value per channel")
-    t = x3.dtype.type
-    args = (x3, *channel_views(c, gamma, beta), y3,
-            *channel_views(c, mean, invstd, running_mean, running_var), t(momentum), t(eps))
+    mean, invstd, running_mean, running_var = channel_views(c, mean, invstd, running_mean,
+                                                            running_var)
     if on_cpu(x):
-        forward_train_cpu(*args)
-    else:
-        launch(forward_train_cuda, min(c, 65535), THREADS, stream)(*args)
+        t = x3.dtype.type
+        forward_train_cpu(x3, *channel_views(c, gamma, beta), y3, mean, invstd, running_mean,
+                          running_var, t(momentum), t(eps))
+        return
+    stats = cuda_stats(stats, x)
+    cuda_sums(x3, 0, stats, False, stream)
+    cuda_mean(stats, m, mean, stream)
+    cuda_sums(x3, 0, stats, True, stream)
+    cuda_invstd(stats, m, mean, invstd, running_mean, running_var, momentum, eps, stream)
+    batchnorm_normalize(x, gamma, beta, mean, invstd, y, stream)
 
 
 @cuda_kernel(*signatures("void(X, V, V, V, V, X)"))
-def forward_saved_cuda(x, gamma, beta, mean, invstd, y):
+def normalize_cuda(x, gamma, beta, mean, invstd, y):
     _, c_, hw = x.shape
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         c = (i // hw) % c_
         n, j = i // (hw * c_), i % hw
-        g = gamma[c] * invstd[c]        # as forward_train_cuda: g, then (x - mu) * g + b
+        g = gamma[c] * invstd[c]        # as forward_train_cpu: g, then (x - mu) * g + b
         y[n, c, j] = (x[n, c, j] - mean[c]) * g + beta[c]
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=SUMS)
-def forward_saved_cpu(x, gamma, beta, mean, invstd, y):
+def normalize_cpu(x, gamma, beta, mean, invstd, y):
     n_, c_, hw = x.shape
     for c in prange(c_):
         mu = mean[c]
@@ -180,16 +155,19 @@ def forward_saved_cpu(x, gamma, beta, mean, invstd, y):
                 y_row[j] = (x_row[j] - mu) * g + beta[c]
 
 
-def batchnorm_forward_saved(x, gamma, beta, mean, invstd, y, stream=None):
-    """Normalise with the statistics a training forward saved (``mean``, ``invstd``): its ``y``
-    again, bit for bit, for a recompute. Nothing else is read or written. ``y`` may be ``x``."""
+def batchnorm_normalize(x, gamma, beta, mean, invstd, y, stream=None):
+    """``y = (x - mean) * (gamma * invstd) + beta`` with given statistics (``[C]``), in the
+    training forward's own expression and rounding: a recompute's forward with the saved
+    statistics (the first forward's ``y`` again, bit for bit; nothing else read or written), a
+    split step's per-chunk pass, and on CUDA the training forward's last pass. ``y`` may be
+    ``x``."""
     c = x.shape[1]
     x3, y3 = nchw(x), nchw(y)
     args = (x3, *channel_views(c, gamma, beta, mean, invstd), y3)
     if on_cpu(x):
-        forward_saved_cpu(*args)
+        normalize_cpu(*args)
     else:
-        launch(forward_saved_cuda, *grid_1d(x3.size), stream)(*args)
+        launch(normalize_cuda, *grid_1d(x3.size), stream)(*args)
 
 
 @cuda_kernel(*signatures("void(X, V, V, V, V, X, S)"))
@@ -225,37 +203,6 @@ def batchnorm_forward_inference(x, gamma, beta, running_mean, running_var, y, ep
         launch(forward_inference_cuda, *grid_1d(x3.size), stream)(*args)
 
 
-@cuda_kernel(*signatures("void(X, X, V, V, V, X, V, V)"), block=THREADS)
-def backward_cuda(x, dy, gamma, mean, invstd, dx, dgamma, dbeta):
-    buf = cuda.shared.array(THREADS, dtype=float64)   # float64 sums, as the CPU twin's
-    t = cuda.threadIdx.x
-    n_, c_, hw = x.shape
-    m = n_ * hw
-    for c in range(cuda.blockIdx.x, c_, cuda.gridDim.x):
-        mu, inv = mean[c], invstd[c]
-        acc = 0.0
-        for i in range(t, m, THREADS):
-            acc += float64(dy[i // hw, c, i % hw])
-        buf[t] = acc
-        sum_dy = block_sum(buf, t)
-        acc = 0.0
-        for i in range(t, m, THREADS):
-            acc += float64(dy[i // hw, c, i % hw] * ((x[i // hw, c, i % hw] - mu) * inv))
-        buf[t] = acc
-        sum_dy_xhat = block_sum(buf, t)
-        # rounded to the data's dtype first, as dbeta and dgamma are saved: a split step's dx
-        # reads them so
-        a = x.dtype.type(sum_dy) / x.dtype.type(m)
-        b = x.dtype.type(sum_dy_xhat) / x.dtype.type(m)
-        g = gamma[c] * inv
-        for i in range(t, m, THREADS):
-            n, j = i // hw, i % hw
-            dx[n, c, j] = g * (dy[n, c, j] - a - (x[n, c, j] - mu) * inv * b)
-        if t == 0:
-            dgamma[c] = sum_dy_xhat
-            dbeta[c] = sum_dy
-
-
 @njit(parallel=True, cache=True, nogil=True, fastmath=SUMS)
 def backward_cpu(x, dy, gamma, mean, invstd, dx, dgamma, dbeta):
     n_, c_, hw = x.shape
@@ -283,14 +230,42 @@ def backward_cpu(x, dy, gamma, mean, invstd, dx, dgamma, dbeta):
         dbeta[c] = s_dy
 
 
-def batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, stream=None):
+def batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, stream=None, stats=None):
     """``dx``, ``dgamma``, ``dbeta`` of a training-mode forward, from its input ``x`` and its saved
     ``mean``/``invstd``. ``dx`` may be ``dy`` (or ``x``): the sums are complete before any ``dx``
-    is written, and each element is then read and written by the same thread."""
+    is written, and each element is then read and written by the same thread. On CUDA, ``stats``
+    is the float64 workspace of the sums (``stats_shape``)."""
+    c = x.shape[1]
+    x3, dy3 = nchw(x), nchw(dy)
+    gamma, mean, invstd, dgamma, dbeta = channel_views(c, gamma, mean, invstd, dgamma, dbeta)
+    if on_cpu(x):
+        backward_cpu(x3, dy3, gamma, mean, invstd, nchw(dx), dgamma, dbeta)
+        return
+    stats = cuda_stats(stats, x)
+    cuda_grad_sums(x3, dy3, 0, mean, invstd, stats, stream)
+    cuda_param_grads(stats, dgamma, dbeta, stream)
+    batchnorm_input_grad(x, dy, gamma, mean, invstd, dgamma, dbeta, x3.size // c, dx, stream)
+
+
+@cuda_kernel(*signatures("void(X, X, V, V, V, V, V, int64, X)"))
+def input_grad_cuda(x, dy, gamma, mean, invstd, dgamma, dbeta, m, dx):
+    _, c_, hw = x.shape
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        c = (i // hw) % c_
+        n, j = i // (hw * c_), i % hw
+        mu, inv = mean[c], invstd[c]
+        # dbeta and dgamma as saved, in the data's dtype: a whole step and a split one read
+        # the same numbers
+        a = dbeta[c] / x.dtype.type(m)
+        b = dgamma[c] / x.dtype.type(m)
+        g = gamma[c] * inv
+        dx[n, c, j] = g * (dy[n, c, j] - a - (x[n, c, j] - mu) * inv * b)
+
+
+def batchnorm_input_grad(x, dy, gamma, mean, invstd, dgamma, dbeta, m, dx, stream=None):
+    """CUDA: ``dx`` of ``x``'s samples from the step's ``dgamma``/``dbeta`` over ``m`` values a
+    channel (the last pass of backward, whole or per chunk). ``dx`` may be ``dy``."""
     c = x.shape[1]
     x3, dy3, dx3 = nchw(x), nchw(dy), nchw(dx)
-    args = (x3, dy3, *channel_views(c, gamma, mean, invstd), dx3, *channel_views(c, dgamma, dbeta))
-    if on_cpu(x):
-        backward_cpu(*args)
-    else:
-        launch(backward_cuda, min(c, 65535), THREADS, stream)(*args)
+    launch(input_grad_cuda, *grid_1d(x3.size), stream)(
+        x3, dy3, *channel_views(c, gamma, mean, invstd, dgamma, dbeta), np.int64(m), dx3)

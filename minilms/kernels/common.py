@@ -3,7 +3,8 @@ on an optional stream (``launch``, the one way a launcher starts a CUDA kernel, 
 ``counting_launches`` counts), checked views
 (``view``, ``flat``: a reshape that never copies; ``span``: a range of the first axis; on CUDA
 each made once and kept, ``derived``), and the block reductions kernels call
-(``block_sum`` / ``block_max``: deterministic shared-memory trees inside one CUDA block)."""
+(``block_sum`` / ``block_max``: deterministic shared-memory trees inside one CUDA block;
+``warp_sums``: the same per warp)."""
 import weakref
 from collections import Counter
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ if not SIMULATED:
     from .prepared_launch import prepared_launch
 
 __all__ = ["grid_1d", "launch", "counting_launches", "view", "span", "derived", "flat",
-           "block_sum", "block_max"]
+           "block_sum", "warp_sums", "block_max"]
 
 
 def grid_1d(n: int, threads: int = THREADS_1D) -> tuple[int, int]:
@@ -139,6 +140,24 @@ def block_sum(buf, t):
         cuda.syncthreads()
         s //= 2
     total = buf[0]
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit(device=True, inline="always")  # IR-inlined: compile_ptx needs no GPU
+def warp_sums(buf, t):
+    """Like ``block_sum`` for each 32-slot segment of ``buf`` (one warp's slots) at once: every
+    thread gets its own warp's total by a fixed-order tree. Shared memory and block barriers
+    rather than shuffles, which the simulator lacks; every thread of the block must call it."""
+    cuda.syncthreads()
+    lane = t % 32
+    s = 16
+    while s > 0:
+        if lane < s:
+            buf[t] += buf[t + s]
+        cuda.syncthreads()
+        s //= 2
+    total = buf[t - lane]
     cuda.syncthreads()
     return total
 

@@ -14,7 +14,7 @@ Training forward (``io.train``), per channel over its ``M = N*H*W`` values::
     running_var  = (1 - momentum) * running_var  + momentum * var * M / (M - 1)
 
 ``mean`` and ``invstd`` (``[C]``) are saved for backward. A recompute (``io.recompute``, issue 21)
-in training applies those saved statistics (``kernels.batchnorm.batchnorm_forward_saved``): the
+in training applies those saved statistics (``kernels.batchnorm.batchnorm_normalize``): the
 same ``y`` bit for bit, and the running statistics are not updated a second time. Test forward:
 ``y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta``, nothing saved or updated
 (a recompute in test mode is the same). Backward (training mode only),
@@ -25,68 +25,45 @@ with ``xhat = (x - mean) * invstd``::
 
 Backward reads the bottom ``x`` (and the saved ``mean``/``invstd``). Without ``affine``, gamma = 1
 and beta = 0 live in a ``[C]`` workspace. The saved and workspace buffers are declared in the run's
-float dtype (``BufferSpec(dtype=None)``), which is the data's. The kernels are in
+float dtype (``BufferSpec(dtype=None)``), which is the data's, but for ``stats``: the float64
+sums of the CUDA kernels' two stages (``kernels.batchnorm_sums``), declared unless the layer is
+set up for the ``cpu`` device only, whose kernels sum per channel without it (a step split along
+the batch carries the cpu's sums in a ``[2, C, 1]`` split workspace). The kernels are in
 ``minilms.kernels.batchnorm``.
 """
 import numbers
 
 import numpy as np
-from numba import cuda, float64, njit, prange
+from numba import njit, prange
 
 from ..kernels.batchnorm import (
     batchnorm_backward,
     batchnorm_forward_inference,
-    batchnorm_forward_saved,
     batchnorm_forward_train,
+    batchnorm_normalize,
+    cuda_stats,
+    nchw,
+    stats_shape,
 )
 from ..kernels.batchnorm_split import (
-    batchnorm_normalize,
     batchnorm_split_grad_sums,
     batchnorm_split_input_grad,
     batchnorm_split_invstd,
     batchnorm_split_mean,
     batchnorm_split_param_grads,
     batchnorm_split_sums,
-    split_partial_shape,
+    cpu_stats_shape,
 )
-from ..kernels.common import block_sum, launch, view
+from ..kernels.batchnorm_sums import cuda_grad_sums, cuda_param_grads
+from ..kernels.common import view
 from ..kernels.elementwise import fill
-from ..kernels.registry import cuda_kernel, on_cpu
+from ..kernels.registry import on_cpu
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
 from .recompute import Recompute
 from .split import ONCE, STATISTICS, Pass, Phase, SplitRule, samples
 
-THREADS = 256   # one block per channel, as in kernels.batchnorm
-
-_SIGS = [f"void({t}[:, :, ::1], {t}[:, :, ::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1])"
-         for t in ("float32", "float64")]
-
-
 # Parameter gradients alone, for a backward that needs no dx (a BatchNorm fed by the data): the
 # kernels module's backward always writes dx, and a dx scratch would be batch-proportional.
-
-@cuda_kernel(*_SIGS, block=THREADS)
-def param_grads_cuda(x, dy, mean, invstd, dgamma, dbeta):
-    buf = cuda.shared.array(THREADS, dtype=float64)   # float64 sums, as kernels.batchnorm's
-    t = cuda.threadIdx.x
-    n_, c_, hw = x.shape
-    m = n_ * hw
-    for c in range(cuda.blockIdx.x, c_, cuda.gridDim.x):
-        mu, inv = mean[c], invstd[c]
-        acc = 0.0
-        for i in range(t, m, THREADS):
-            acc += float64(dy[i // hw, c, i % hw])
-        buf[t] = acc
-        sum_dy = block_sum(buf, t)
-        acc = 0.0
-        for i in range(t, m, THREADS):
-            acc += float64(dy[i // hw, c, i % hw] * ((x[i // hw, c, i % hw] - mu) * inv))
-        buf[t] = acc
-        sum_dy_xhat = block_sum(buf, t)
-        if t == 0:
-            dgamma[c] = sum_dy_xhat
-            dbeta[c] = sum_dy
-
 
 @njit(parallel=True, cache=True)
 def param_grads_cpu(x, dy, mean, invstd, dgamma, dbeta):
@@ -103,16 +80,16 @@ def param_grads_cpu(x, dy, mean, invstd, dgamma, dbeta):
         dbeta[c] = s_dy
 
 
-def batchnorm_param_grads(x, dy, mean, invstd, dgamma, dbeta, stream=None) -> None:
-    """``dgamma = sum(dy * xhat)``, ``dbeta = sum(dy)`` per channel (overwritten), no ``dx``."""
-    n, c = x.shape[:2]
-    hw = x.size // (n * c)
-    args = (view(x, n, c, hw), view(dy, n, c, hw), view(mean, c), view(invstd, c),
-            view(dgamma, c), view(dbeta, c))
+def batchnorm_param_grads(x, dy, mean, invstd, dgamma, dbeta, stream=None, stats=None) -> None:
+    """``dgamma = sum(dy * xhat)``, ``dbeta = sum(dy)`` per channel (overwritten), no ``dx``; on
+    CUDA backward's own two stages (``kernels.batchnorm_sums``) through ``stats``."""
+    c = x.shape[1]
+    views = [view(a, c) for a in (mean, invstd, dgamma, dbeta)]
     if on_cpu(x):
-        param_grads_cpu(*args)
-    else:
-        launch(param_grads_cuda, min(c, 65535), THREADS, stream)(*args)
+        param_grads_cpu(nchw(x), nchw(dy), *views)
+        return
+    cuda_grad_sums(nchw(x), nchw(dy), 0, *views[:2], cuda_stats(stats, x), stream)
+    cuda_param_grads(stats, *views[2:], stream)
 
 
 @register
@@ -168,14 +145,25 @@ class BatchNorm(Layer):
     def workspace(self):
         # dweight/dbias: where parameter gradients go when none are wanted (no affine, or frozen)
         names = ("dweight", "dbias") if self.affine else ("weight", "bias", "dweight", "dbias")
-        return [BufferSpec(name, (self.channels,)) for name in names]
+        specs = [BufferSpec(name, (self.channels,)) for name in names]
+        if self.device_kind != "cpu":   # the CUDA sums' two stages meet in it, whole or split
+            shape = self.bottom_shapes[0]
+            specs.append(BufferSpec("stats", stats_shape(self.channels, shape[0],
+                                                         self._values() // shape[0]),
+                                    np.dtype(np.float64)))
+        return specs
 
     def split_workspace(self, phase):
-        """The carry of the split sums: float64 ``[2, C, 256]`` (the cpu uses ``[2, C, 1]`` of it),
-        4 KiB a channel."""
-        if phase == "inference":
+        """The carry of the split sums on the ``cpu`` device: float64 ``[2, C, 1]`` (on CUDA the
+        workspace's ``stats``, sized for the whole batch, carries them)."""
+        if phase == "inference" or self.device_kind != "cpu":
             return []
-        return [BufferSpec("partial", split_partial_shape(self.channels), np.dtype(np.float64))]
+        return [BufferSpec("stats", cpu_stats_shape(self.channels), np.dtype(np.float64))]
+
+    @staticmethod
+    def _float_buffers(io) -> dict:
+        """The saved and workspace buffers in the data's dtype (the float64 ``stats`` is not)."""
+        return {k: v for k, v in {**io.saved, **io.work}.items() if k != "stats"}
 
     def _check_dtype(self, x, buffers) -> None:
         """The buffers come in the run's dtype: data of another dtype would reach the kernels
@@ -194,18 +182,19 @@ class BatchNorm(Layer):
 
     def forward(self, io):
         x, y = io.bottom[0], io.top[0]
-        self._check_dtype(x, {**io.saved, **io.work})
+        self._check_dtype(x, self._float_buffers(io))
         gamma, beta = self._gamma_beta(io)
         rm, rv = io.params["running_mean"], io.params["running_var"]
         if io.train and io.recompute:
-            batchnorm_forward_saved(x, gamma, beta, io.saved["mean"], io.saved["invstd"], y,
-                                    io.stream)
+            batchnorm_normalize(x, gamma, beta, io.saved["mean"], io.saved["invstd"], y,
+                                io.stream)
         elif io.train:
             if x.size // self.channels < 2:
                 raise ShapeError(self, f"bottom 0 ({self.bottom[0]})",
                                  "more than one value per channel in training", tuple(x.shape))
             batchnorm_forward_train(x, gamma, beta, y, io.saved["mean"], io.saved["invstd"],
-                                    rm, rv, self.momentum, self.eps, io.stream)
+                                    rm, rv, self.momentum, self.eps, io.stream,
+                                    io.work.get("stats"))
         else:
             batchnorm_forward_inference(x, gamma, beta, rm, rv, y, self.eps, io.stream)
 
@@ -222,11 +211,13 @@ class BatchNorm(Layer):
         gamma = io.params["weight"] if self.affine else io.work["weight"]
         if dx is None:
             if wanted:
-                batchnorm_param_grads(x, dy, mean, invstd, dgamma, dbeta, io.stream)
+                batchnorm_param_grads(x, dy, mean, invstd, dgamma, dbeta, io.stream,
+                                      io.work.get("stats"))
             return
         if not self.affine:
             fill(gamma, 1.0, io.stream)
-        batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, io.stream)
+        batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, io.stream,
+                           io.work.get("stats"))
 
 
     # -- a training step split along the batch (minilms.layers.split) ----------------------------
@@ -237,22 +228,22 @@ class BatchNorm(Layer):
 
     def sum_x(self, io):
         x = io.bottom[0]
-        self._check_dtype(x, {k: v for k, v in {**io.saved, **io.work}.items() if k != "partial"})
+        self._check_dtype(x, self._float_buffers(io))
         if self._values() < 2:
             raise ShapeError(self, f"bottom 0 ({self.bottom[0]})",
                              "more than one value per channel in training", self.bottom_shapes[0])
-        batchnorm_split_sums(x, io.chunk[0], self._values(), io.saved["mean"], io.work["partial"],
+        batchnorm_split_sums(x, io.chunk[0], self._values(), io.saved["mean"], io.work.get("stats"),
                              False, io.stream)
 
     def finish_mean(self, io):
-        batchnorm_split_mean(io.work["partial"], self._values(), io.saved["mean"], io.stream)
+        batchnorm_split_mean(io.work.get("stats"), self._values(), io.saved["mean"], io.stream)
 
     def sum_squares(self, io):
         batchnorm_split_sums(io.bottom[0], io.chunk[0], self._values(), io.saved["mean"],
-                             io.work["partial"], True, io.stream)
+                             io.work.get("stats"), True, io.stream)
 
     def finish_invstd(self, io):
-        batchnorm_split_invstd(io.work["partial"], self._values(), io.saved["mean"],
+        batchnorm_split_invstd(io.work.get("stats"), self._values(), io.saved["mean"],
                                io.saved["invstd"], io.params["running_mean"],
                                io.params["running_var"], self.momentum, self.eps, io.stream)
 
@@ -276,13 +267,13 @@ class BatchNorm(Layer):
                              "a test-mode step")
         if self._grads(io)[2]:
             batchnorm_split_grad_sums(io.bottom[0], io.top_grad[0], io.chunk[0], io.saved["mean"],
-                                      io.saved["invstd"], io.work["partial"],
+                                      io.saved["invstd"], io.work.get("stats"),
                                       io.bottom_grad[0] is not None, io.stream)
 
     def finish_grads(self, io):
         dgamma, dbeta, any_wanted = self._grads(io)
         if any_wanted:
-            batchnorm_split_param_grads(io.work["partial"], io.saved["mean"], io.saved["invstd"],
+            batchnorm_split_param_grads(io.work.get("stats"), io.saved["mean"], io.saved["invstd"],
                                         dgamma, dbeta, io.bottom_grad[0] is not None, io.stream)
 
     def input_grad(self, io):
@@ -294,5 +285,5 @@ class BatchNorm(Layer):
         if not self.affine:
             fill(gamma, 1.0, io.stream)
         batchnorm_split_input_grad(io.bottom[0], io.top_grad[0], gamma, io.saved["mean"],
-                                   io.saved["invstd"], io.work["partial"], dgamma, dbeta,
+                                   io.saved["invstd"], io.work.get("stats"), dgamma, dbeta,
                                    self._values(), dx, io.stream)

@@ -6,10 +6,19 @@ from minilms.kernels import batchnorm as bn
 
 
 def on_cuda(launcher, *args, **kwargs):
+    """``launcher`` on device copies of the arrays, with a ``stats`` workspace for ``args[0]``
+    where it takes one; every positional argument afterwards, arrays copied back."""
     from numba import cuda
     dev = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+    if launcher in (bn.batchnorm_forward_train, bn.batchnorm_backward):
+        kwargs["stats"] = cuda.to_device(stats_for(args[0]))
     launcher(*dev, **kwargs)
     return [d.copy_to_host() if hasattr(d, "copy_to_host") else d for d in dev]
+
+
+def stats_for(x):
+    n, c = x.shape[:2]
+    return np.full(bn.stats_shape(c, n, x.size // (n * c)), np.nan)
 
 
 def params(c, dtype, seed=0):
@@ -202,3 +211,141 @@ def test_cuda_statistics_agree_with_cpu_where_float32_sums_drift():
     out = on_cuda(bn.batchnorm_backward, x, dy, gamma, mean, invstd, *[g.copy() for g in grads])
     np.testing.assert_array_max_ulp(out[7], grads[2], maxulp=1)        # dbeta = sum(dy)
     np.testing.assert_allclose(out[6], grads[1], rtol=1e-4)           # dgamma: other formula
+
+
+# -- the CUDA sums' two stages (kernels.batchnorm_sums) -----------------------------------------
+def sum_in_order(values) -> float:
+    total = 0.0
+    for v in values:
+        total += float(v)
+    return total
+
+
+def tree(slots: list) -> float:
+    """``common.block_sum`` / ``warp_sums``'s fixed tree over a power-of-two list."""
+    s = len(slots) // 2
+    while s:
+        for i in range(s):
+            slots[i] += slots[i + s]
+        s //= 2
+    return slots[0]
+
+
+def reference_channel_sums(x3):
+    """Each channel's sum in the order the CUDA kernels add: per piece of a row, 32 lanes in
+    order and their tree; then per channel, 256 threads over the pieces and their tree."""
+    from minilms.kernels.batchnorm_sums import PIECE, THREADS, pieces
+    n_, c_, hw = x3.shape
+    p_ = pieces(hw)
+    sums = np.empty((c_, n_ * p_))
+    for n in range(n_):
+        for c in range(c_):
+            for p in range(p_):
+                piece = x3[n, c, p * PIECE:(p + 1) * PIECE]
+                sums[c, n * p_ + p] = tree([sum_in_order(piece[lane::32]) for lane in range(32)])
+    return sums, [tree([sum_in_order(row[t::THREADS]) for t in range(THREADS)]) for row in sums]
+
+
+@pytest.mark.cuda
+def test_cuda_sums_are_the_reference_order_bit_for_bit():
+    """Rows of two and a half pieces: every piece sum and each channel's float64 mean are those
+    of a plain-Python loop adding in the documented order, bit for bit; so is a grid too small
+    for the pieces (one block going round the grid-stride loop). The values span 13 decades, so
+    float64 sums round and another order gives other bits (a sequential sum differs by 1e-8)."""
+    from numba import cuda
+
+    from minilms.kernels import batchnorm_sums as sums
+    rng = np.random.default_rng(11)
+    hw = 2 * sums.PIECE + sums.PIECE // 2
+    x = (rng.standard_normal((2, 2, hw)) * np.exp(rng.uniform(-15, 15, (2, 2, hw)))).astype(
+        np.float32)
+    pieces, totals = reference_channel_sums(x)
+    assert totals != [sum_in_order(x[:, c].ravel()) for c in range(2)]
+    m = x.size // 2
+    for blocks in (None, 1):
+        stats = cuda.to_device(stats_for(x))
+        mean = cuda.to_device(np.empty(2, np.float32))
+        if blocks is None:
+            sums.cuda_sums(cuda.to_device(x), 0, stats, False)
+        else:
+            sums.piece_sums_cuda[blocks, sums.THREADS](cuda.to_device(x), np.int64(0),
+                                                       np.int64(3), stats, False)
+        sums.cuda_mean(stats, m, mean)
+        got = stats.copy_to_host()
+        np.testing.assert_array_equal(got[0, :, :-1], pieces)
+        np.testing.assert_array_equal(got[0, :, -1], np.array(totals) / m)
+        np.testing.assert_array_equal(mean.copy_to_host(),
+                                      (np.array(totals) / m).astype(np.float32))
+
+
+@pytest.mark.cuda
+def test_cuda_split_is_the_whole_batch_bit_for_bit_across_pieces():
+    """Rows longer than a piece, in chunks of 1 and 2 samples: forward (y, mean, invstd, running
+    statistics) and backward (dx, dgamma, dbeta) of the split kernels are the whole batch's."""
+    from numba import cuda
+
+    from minilms.kernels import batchnorm_split as split
+    from minilms.kernels.batchnorm_sums import PIECE
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((3, 1, PIECE + 1)) * 2 + 5).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    gamma, beta, rmean, rvar = params(1, np.float32, seed=13)
+    m = x.size
+
+    def dev(a):
+        return cuda.to_device(np.ascontiguousarray(a))
+    whole = on_cuda(bn.batchnorm_forward_train, x, gamma, beta, np.empty_like(x),
+                    np.empty(1, np.float32), np.empty(1, np.float32), rmean.copy(), rvar.copy(),
+                    0.1, 1e-5)
+    y, mean, invstd, run_mean, run_var = whole[3:8]
+    grads = on_cuda(bn.batchnorm_backward, x, dy, gamma, mean, invstd, np.empty_like(x),
+                    np.empty(1, np.float32), np.empty(1, np.float32))[5:8]
+
+    stats = dev(stats_for(x))
+    g, b = dev(gamma), dev(beta)
+    s_mean, s_inv, s_rm, s_rv = (dev(a) for a in (np.empty(1, np.float32),
+                                                  np.empty(1, np.float32), rmean, rvar))
+    chunks = [(0, 1), (1, 3)]
+    for centered in (False, True):
+        for n0, n1 in chunks:
+            split.batchnorm_split_sums(dev(x[n0:n1]), n0, m, s_mean, stats, centered)
+        if not centered:
+            split.batchnorm_split_mean(stats, m, s_mean)
+    split.batchnorm_split_invstd(stats, m, s_mean, s_inv, s_rm, s_rv)
+    ys = []
+    for n0, n1 in chunks:
+        out = dev(np.empty_like(x[n0:n1]))
+        bn.batchnorm_normalize(dev(x[n0:n1]), g, b, s_mean, s_inv, out)
+        ys.append(out.copy_to_host())
+    for got, want in [(np.concatenate(ys), y), (s_mean, mean), (s_inv, invstd), (s_rm, run_mean),
+                      (s_rv, run_var)]:
+        got = got if isinstance(got, np.ndarray) else got.copy_to_host()
+        np.testing.assert_array_equal(got, want)
+
+    dgamma, dbeta = dev(np.empty(1, np.float32)), dev(np.empty(1, np.float32))
+    for n0, n1 in chunks:
+        split.batchnorm_split_grad_sums(dev(x[n0:n1]), dev(dy[n0:n1]), n0, s_mean, s_inv, stats)
+    split.batchnorm_split_param_grads(stats, s_mean, s_inv, dgamma, dbeta)
+    dxs = []
+    for n0, n1 in chunks:
+        dx = dev(np.empty_like(x[n0:n1]))
+        split.batchnorm_split_input_grad(dev(x[n0:n1]), dev(dy[n0:n1]), g, s_mean, s_inv, stats,
+                                         dgamma, dbeta, m, dx)
+        dxs.append(dx.copy_to_host())
+    np.testing.assert_array_equal(np.concatenate(dxs), grads[0])
+    np.testing.assert_array_equal(dgamma.copy_to_host(), grads[1])
+    np.testing.assert_array_equal(dbeta.copy_to_host(), grads[2])
+
+
+@pytest.mark.cuda
+def test_cuda_needs_its_stats_workspace():
+    """Without ``stats`` (a layer set up for the cpu alone), or with one too small for the
+    samples, a clear error rather than a write out of bounds."""
+    from numba import cuda
+    x = cuda.to_device(np.ones((2, 3, 4), np.float32))
+    c = [cuda.to_device(np.ones(3, np.float32)) for _ in range(6)]
+    with pytest.raises(ValueError, match=r"float64 stats workspace, shape \(2, 3, 3\)"):
+        bn.batchnorm_forward_train(x, c[0], c[1], x, c[2], c[3], c[4], c[5])
+    small = cuda.to_device(np.zeros((2, 3, 2)))
+    with pytest.raises(ValueError, match=r"stats of shape \(2, 3, 2\) for samples 0..2"):
+        bn.batchnorm_forward_train(x, c[0], c[1], x, c[2], c[3], c[4], c[5], stats=small)

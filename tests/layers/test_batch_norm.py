@@ -156,9 +156,17 @@ def test_declarations():
     assert [(b.name, b.shape, b.dtype) for b in layer.saved()] == [
         ("mean", (4,), None), ("invstd", (4,), None)]              # None: the run's float dtype
     assert layer.backward_reads == frozenset({"bottom"}) and layer.has_backward
-    assert all(b.shape == (4,) for b in layer.workspace())        # never batch-proportional
+    *per_channel, stats = layer.workspace()
+    assert all(b.shape == (4,) for b in per_channel)
+    # the cuda sums' float64 stats: one per piece of PIECE values of a (sample, channel) row and
+    # channel, and the mean: 1/512 of the batch's bytes at most, when rows are long
+    assert (stats.name, stats.shape, stats.dtype) == ("stats", (2, 4, 2 + 1), np.float64)
+    layer.setup([(2, 4, 300, 300)])
+    assert layer.workspace()[-1].shape == (2, 4, 2 * 44 + 1)
+    layer.setup([(2, 4, 3, 3)], "cpu")                             # the cpu sums per channel
+    assert [b.shape for b in layer.workspace()] == [(4,), (4,)]
     plain = make(affine=False)
-    plain.setup([(2, 4)])
+    plain.setup([(2, 4)], "cpu")
     assert [p.name for p in plain.params()] == ["running_mean", "running_var"]
     assert {b.dtype for b in plain.saved() + plain.workspace()} == {None}
     assert {b.dtype_in(np.float64) for b in plain.saved() + plain.workspace()} \

@@ -215,7 +215,7 @@ def test_reads_and_writes_of_a_rerun():
     bn.setup([(2, 3, 4, 4)])
     assert recompute_reads(bn) == {"bottom": ["x"], "params": ["weight", "bias"],
                                    "saved": ["invstd", "mean"],
-                                   "workspace": ["dweight", "dbias"]}
+                                   "workspace": ["dweight", "dbias", "stats"]}
     assert recompute_writes(bn) == {"top": ["y"], "saved": []}
     for pool, saved in (("max", ["argmax"]), ("ave", [])):
         layer = LAYERS["Pooling"]("p", ["x"], ["y"], pool=pool, kernel_size=2)
@@ -376,9 +376,9 @@ def test_in_place_rerun_from_the_rebuilt_input(type_name, options):
 @pytest.mark.cuda
 @pytest.mark.parametrize("shape", [(3, 2, 5), (2, 3, 2, 2), (5, 1)])
 def test_saved_statistics_kernel_cuda_against_cpu(shape):
-    """``batchnorm_forward_saved`` on cuda gives the cuda training forward's ``y`` bitwise, and
-    the cpu twin's up to rounding (the cpu may contract ``(x - mean) * g + beta`` into an FMA,
-    the simulator does not)."""
+    """``batchnorm_normalize`` with the saved statistics on cuda gives the cuda training
+    forward's ``y`` bitwise, and the cpu twin's up to rounding (the cpu may contract
+    ``(x - mean) * g + beta`` into an FMA, the simulator does not)."""
     from numba import cuda
 
     from minilms.kernels import batchnorm as bn
@@ -395,11 +395,14 @@ def test_saved_statistics_kernel_cuda_against_cpu(shape):
         if device_kind == "cuda":
             arrays = {k: cuda.to_device(v) for k, v in arrays.items()}
         a = arrays
+        n = shape[0]
+        sums = np.empty(bn.stats_shape(c, n, x.size // (n * c)))
         bn.batchnorm_forward_train(a["x"], a["gamma"], a["beta"], a["y"], a["mean"],
-                                   a["invstd"], a["rm"], a["rv"], 0.1, 1e-5)
+                                   a["invstd"], a["rm"], a["rv"], 0.1, 1e-5,
+                                   stats=sums if device_kind == "cpu" else cuda.to_device(sums))
         stats = {k: bits(a[k] if device_kind == "cpu" else a[k].copy_to_host())
                  for k in ("rm", "rv")}
-        bn.batchnorm_forward_saved(a["x"], a["gamma"], a["beta"], a["mean"], a["invstd"],
+        bn.batchnorm_normalize(a["x"], a["gamma"], a["beta"], a["mean"], a["invstd"],
                                    a["again"])
         for k in ("y", "again", "rm", "rv"):
             ys[k] = a[k] if device_kind == "cpu" else a[k].copy_to_host()

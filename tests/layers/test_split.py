@@ -304,10 +304,16 @@ def test_split_buffers_name_the_extra_memory():
         ("param_grad.weight", (4, 2, 3, 3), None), ("param_grad.bias", (4,), None)]
     assert split_buffers(conv, "forward") == []
     bn = make("BatchNorm")
-    bn.setup([(4, 3, 2, 2)])
-    (partial,) = split_buffers(bn, "forward")
-    assert (partial.name, partial.shape, partial.dtype) == ("partial", (2, 3, 256), np.float64)
+    bn.setup([(4, 3, 2, 2)], "cpu")     # the cpu's sums carried per channel
+    (carry,) = split_buffers(bn, "forward")
+    assert (carry.name, carry.shape, carry.dtype) == ("stats", (2, 3, 1), np.float64)
+    assert "stats" not in [b.name for b in bn.workspace()]
     assert split_buffers(bn, "inference") == []
+    for kind in ("cuda", None):  # the workspace's stats, sized for the whole batch, carry them
+        bn.setup([(4, 3, 2, 2)], kind)
+        assert split_buffers(bn, "forward") == split_buffers(bn, "backward") == []
+        (stats,) = [b for b in bn.workspace() if b.name == "stats"]
+        assert (stats.shape, stats.dtype) == ((2, 3, 4 * 1 + 1), np.float64)
     acc = make("Accuracy", ("z", "label"), ("acc",))
     acc.setup([(4, 3), (4,)])
     assert [(b.name, b.shape, b.dtype) for b in split_buffers(acc, "forward")] == [
@@ -323,8 +329,8 @@ def test_run_split_checks_its_arguments():
     with pytest.raises(ValueError, match="a forward StepIO for the backward phase"):
         run_split(relu, forward, 2, "backward")
     bn = make("BatchNorm")
-    bn.setup([(3, 2)])
-    with pytest.raises(ValueError, match=r"temporaries \['partial'\] not given"):
+    bn.setup([(3, 2)], "cpu")
+    with pytest.raises(ValueError, match=r"temporaries \['stats'\] not given"):
         run_split(bn, StepIO(bottom=[x], top=[np.empty_like(x)]), 2, "forward")
 
 
