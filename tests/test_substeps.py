@@ -60,7 +60,7 @@ def test_sub_steps_name_chunks_and_keep_the_order():
     assert not any(n.startswith("c1[") for s in bn[:-2] for n in s.blobs)
     assert bn[-1].writes[0] == "c1[2:4]" and bn[2].part.chunk is None
     # the carried partial sums: written first, updated after
-    assert "bn1.split.partial" in bn[0].writes and "bn1.split.partial" in bn[-1].updates
+    assert "bn1.split.stats" in bn[0].writes and "bn1.split.stats" in bn[-1].updates
     # a weight gradient: written by the first chunk, summed into by the next through a temporary
     back = [s for s in split if s.layer == "conv2" and s.kind == "backward"]
     assert "conv2.weight.grad" in back[0].writes and "conv2.weight.grad" in back[1].updates
@@ -236,7 +236,8 @@ def test_a_bad_split_knob_names_the_key(tmp_path):
 def test_cuda_training_with_every_step_split_is_lms_off_within_tolerance(monkeypatch):
     """The cuda device (the simulator without a GPU): the residual + inception net with batch
     norm and dropout, every step split in two, one iteration against the resident executor on
-    cuda: its kernels' split sums (batch norm's per-thread carries), the chunk blobs' copies."""
+    cuda: its kernels' split sums (batch norm's piece sums carried in its split stats), the chunk
+    blobs' copies."""
     def split_everything(net, steps, capacity, policy, plan, **weigh):
         return plan(split_all(net, steps, 2, any(s.kind == "backward" for s in steps)))
     monkeypatch.setattr(cost, "plan_split", split_everything)

@@ -55,7 +55,7 @@ from .batchnorm_sums import (
     signatures,
     stats_shape,
 )
-from .common import grid_1d, launch
+from .common import grid_planes, launch
 from .registry import cuda_kernel, on_cpu
 
 __all__ = ["batchnorm_forward_train", "batchnorm_normalize", "batchnorm_forward_inference",
@@ -65,6 +65,12 @@ __all__ = ["batchnorm_forward_train", "batchnorm_normalize", "batchnorm_forward_
 # The CPU sums run in float64 with reassociation allowed, so LLVM splits them over vector lanes
 # (measured faster on backward); the order then depends on the vector width only, not the threads.
 SUMS = {"reassoc", "contract"}
+
+
+def planes(x3):
+    """The grid of an element-wise kernel over ``x3``'s ``(sample, channel)`` planes."""
+    n, c, hw = x3.shape
+    return grid_planes(n * c, hw)
 
 
 def cuda_stats(stats, x):
@@ -135,12 +141,15 @@ def batchnorm_forward_train(x, gamma, beta, y, mean, invstd, running_mean, runni
 
 @cuda_kernel(*signatures("void(X, V, V, V, V, X)"))
 def normalize_cuda(x, gamma, beta, mean, invstd, y):
-    _, c_, hw = x.shape
-    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-        c = (i // hw) % c_
-        n, j = i // (hw * c_), i % hw
+    n_, c_, hw = x.shape
+    for plane in range(cuda.blockIdx.y, n_ * c_, cuda.gridDim.y):      # grid_planes
+        n = plane // c_
+        c = plane - n * c_
         g = gamma[c] * invstd[c]        # as forward_train_cpu: g, then (x - mu) * g + b
-        y[n, c, j] = (x[n, c, j] - mean[c]) * g + beta[c]
+        mu, b = mean[c], beta[c]
+        for j in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, hw,
+                       cuda.gridDim.x * cuda.blockDim.x):
+            y[n, c, j] = (x[n, c, j] - mu) * g + b
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=SUMS)
@@ -167,17 +176,20 @@ def batchnorm_normalize(x, gamma, beta, mean, invstd, y, stream=None):
     if on_cpu(x):
         normalize_cpu(*args)
     else:
-        launch(normalize_cuda, *grid_1d(x3.size), stream)(*args)
+        launch(normalize_cuda, *planes(x3), stream)(*args)
 
 
 @cuda_kernel(*signatures("void(X, V, V, V, V, X, S)"))
 def forward_inference_cuda(x, gamma, beta, running_mean, running_var, y, eps):
-    _, c_, hw = x.shape
-    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-        c = (i // hw) % c_
-        n, j = i // (hw * c_), i % hw
+    n_, c_, hw = x.shape
+    for plane in range(cuda.blockIdx.y, n_ * c_, cuda.gridDim.y):      # grid_planes
+        n = plane // c_
+        c = plane - n * c_
         inv = x.dtype.type(1) / math.sqrt(running_var[c] + eps)
-        y[n, c, j] = (x[n, c, j] - running_mean[c]) * (gamma[c] * inv) + beta[c]
+        g, mu, b = gamma[c] * inv, running_mean[c], beta[c]
+        for j in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, hw,
+                       cuda.gridDim.x * cuda.blockDim.x):
+            y[n, c, j] = (x[n, c, j] - mu) * g + b
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -200,7 +212,7 @@ def batchnorm_forward_inference(x, gamma, beta, running_mean, running_var, y, ep
     if on_cpu(x):
         forward_inference_cpu(*args)
     else:
-        launch(forward_inference_cuda, *grid_1d(x3.size), stream)(*args)
+        launch(forward_inference_cuda, *planes(x3), stream)(*args)
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=SUMS)
@@ -249,17 +261,19 @@ def batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, stream=Non
 
 @cuda_kernel(*signatures("void(X, X, V, V, V, V, V, int64, X)"))
 def input_grad_cuda(x, dy, gamma, mean, invstd, dgamma, dbeta, m, dx):
-    _, c_, hw = x.shape
-    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-        c = (i // hw) % c_
-        n, j = i // (hw * c_), i % hw
+    n_, c_, hw = x.shape
+    for plane in range(cuda.blockIdx.y, n_ * c_, cuda.gridDim.y):      # grid_planes
+        n = plane // c_
+        c = plane - n * c_
         mu, inv = mean[c], invstd[c]
         # dbeta and dgamma as saved, in the data's dtype: a whole step and a split one read
         # the same numbers
         a = dbeta[c] / x.dtype.type(m)
         b = dgamma[c] / x.dtype.type(m)
         g = gamma[c] * inv
-        dx[n, c, j] = g * (dy[n, c, j] - a - (x[n, c, j] - mu) * inv * b)
+        for j in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, hw,
+                       cuda.gridDim.x * cuda.blockDim.x):
+            dx[n, c, j] = g * (dy[n, c, j] - a - (x[n, c, j] - mu) * inv * b)
 
 
 def batchnorm_input_grad(x, dy, gamma, mean, invstd, dgamma, dbeta, m, dx, stream=None):
@@ -267,5 +281,5 @@ def batchnorm_input_grad(x, dy, gamma, mean, invstd, dgamma, dbeta, m, dx, strea
     channel (the last pass of backward, whole or per chunk). ``dx`` may be ``dy``."""
     c = x.shape[1]
     x3, dy3, dx3 = nchw(x), nchw(dy), nchw(dx)
-    launch(input_grad_cuda, *grid_1d(x3.size), stream)(
+    launch(input_grad_cuda, *planes(x3), stream)(
         x3, dy3, *channel_views(c, gamma, mean, invstd, dgamma, dbeta), np.int64(m), dx3)

@@ -6,15 +6,17 @@ bias and reduces its bias gradient with these: one launch per chunk each, where 
 multiplier (a GEMM against a vector of ones) costs one per sample. Arrays are ``[N, C, P]`` views
 of NCHW blobs (``batchnorm.nchw``).
 
-CUDA: the add is one thread per element; the sum is one block per channel (a grid-stride over
-channels when there are more than 65535), each thread summing a strided share of the channel's
-``N * P`` values and the block adding the shares by a fixed tree (``block_sum``): deterministic,
-run to run. CPU: Numba, one channel per task, in the same ``(n, p)`` order.
+CUDA: the add is one thread per element, the grid over the ``(n, c)`` planes
+(``common.grid_planes``: no index divided per element); the sum is one block per channel (a
+grid-stride over channels when there are more than 65535), each thread summing a strided share
+of the channel's ``N * P`` values and the block adding the shares by a fixed tree
+(``block_sum``): deterministic, run to run. CPU: Numba, one channel per task, in the same
+``(n, p)`` order.
 """
 from numba import cuda, njit, prange
 
 from .batchnorm import nchw, signatures
-from .common import block_sum, grid_1d, launch, view
+from .common import block_sum, grid_planes, launch, view
 from .registry import cuda_kernel, on_cpu
 
 __all__ = ["add_channel_bias", "channel_sums", "THREADS"]
@@ -25,9 +27,13 @@ THREADS = 256   # one block per channel
 @cuda_kernel(*signatures("void(X, V)"))
 def add_channel_bias_cuda(y, bias):
     n_, c_, p_ = y.shape
-    i = cuda.grid(1)
-    if i < n_ * c_ * p_:
-        y[i // (c_ * p_), i // p_ % c_, i % p_] += bias[i // p_ % c_]
+    for plane in range(cuda.blockIdx.y, n_ * c_, cuda.gridDim.y):      # grid_planes
+        n = plane // c_
+        c = plane - n * c_
+        b = bias[c]
+        for p in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, p_,
+                       cuda.gridDim.x * cuda.blockDim.x):
+            y[n, c, p] += b
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -74,7 +80,8 @@ def add_channel_bias(y, bias, stream=None):
     if on_cpu(y):
         add_channel_bias_cpu(y3, b)
     else:
-        launch(add_channel_bias_cuda, *grid_1d(y3.size), stream)(y3, b)
+        launch(add_channel_bias_cuda, *grid_planes(y3.shape[0] * y3.shape[1], y3.shape[2]),
+               stream)(y3, b)
     return y
 
 

@@ -1,4 +1,5 @@
-"""What every kernel family shares to launch a kernel: a 1-D grid (``grid_1d``), the launch itself
+"""What every kernel family shares to launch a kernel: a 1-D grid (``grid_1d``) or one over the
+planes of NCHW (``grid_planes``), the launch itself
 on an optional stream (``launch``, the one way a launcher starts a CUDA kernel, which
 ``counting_launches`` counts), checked views
 (``view``, ``flat``: a reshape that never copies; ``span``: a range of the first axis; on CUDA
@@ -18,8 +19,8 @@ SIMULATED = bool(numba.config.ENABLE_CUDASIM)
 if not SIMULATED:
     from .prepared_launch import prepared_launch
 
-__all__ = ["grid_1d", "launch", "counting_launches", "view", "span", "derived", "flat",
-           "block_sum", "warp_sums", "block_max"]
+__all__ = ["grid_1d", "grid_planes", "launch", "counting_launches", "view", "span", "derived",
+           "flat", "block_sum", "warp_sums", "block_max"]
 
 
 def grid_1d(n: int, threads: int = THREADS_1D) -> tuple[int, int]:
@@ -28,6 +29,17 @@ def grid_1d(n: int, threads: int = THREADS_1D) -> tuple[int, int]:
     every CUDA thread as a Python thread."""
     threads = min(threads, max(32, -(-n // 32) * 32))
     return max(1, (n + threads - 1) // threads), threads
+
+
+def grid_planes(planes: int, size: int, threads: int = THREADS_1D):
+    """``((blocks along a plane, planes), threads)`` for a kernel over ``planes`` rows of ``size``
+    elements, NCHW's ``(sample, channel)`` planes: the kernel takes its plane from
+    ``blockIdx.y`` (a grid-stride loop past 65535) and its element from x. No element's index is
+    then divided to find its channel: a 64-bit division is a software routine of tens of SASS
+    instructions, several times a memory-bound kernel's own work per element. A short plane gets
+    a smaller block (whole warps)."""
+    threads = min(threads, max(32, -(-size // 32) * 32))
+    return (max(1, -(-size // threads)), max(1, min(planes, 65535))), threads
 
 
 _COUNTERS: list = []     # the Counters of the ``counting_launches`` blocks now open

@@ -27,8 +27,9 @@ Backward reads the bottom ``x`` (and the saved ``mean``/``invstd``). Without ``a
 and beta = 0 live in a ``[C]`` workspace. The saved and workspace buffers are declared in the run's
 float dtype (``BufferSpec(dtype=None)``), which is the data's, but for ``stats``: the float64
 sums of the CUDA kernels' two stages (``kernels.batchnorm_sums``), declared unless the layer is
-set up for the ``cpu`` device only, whose kernels sum per channel without it (a step split along
-the batch carries the cpu's sums in a ``[2, C, 1]`` split workspace). The kernels are in
+set up for the ``cpu`` device only, whose kernels sum per channel without it. A step split along
+the batch carries its sums from chunk to chunk in a split workspace ``stats``: ``[2, C, 1]`` on the
+``cpu`` device, the CUDA ``stats`` of the whole batch elsewhere. The kernels are in
 ``minilms.kernels.batchnorm``.
 """
 import numbers
@@ -146,19 +147,25 @@ class BatchNorm(Layer):
         # dweight/dbias: where parameter gradients go when none are wanted (no affine, or frozen)
         names = ("dweight", "dbias") if self.affine else ("weight", "bias", "dweight", "dbias")
         specs = [BufferSpec(name, (self.channels,)) for name in names]
-        if self.device_kind != "cpu":   # the CUDA sums' two stages meet in it, whole or split
-            shape = self.bottom_shapes[0]
-            specs.append(BufferSpec("stats", stats_shape(self.channels, shape[0],
-                                                         self._values() // shape[0]),
-                                    np.dtype(np.float64)))
+        if self.device_kind != "cpu":   # the CUDA sums' two stages meet in it
+            specs.append(self._stats())
         return specs
 
     def split_workspace(self, phase):
-        """The carry of the split sums on the ``cpu`` device: float64 ``[2, C, 1]`` (on CUDA the
-        workspace's ``stats``, sized for the whole batch, carries them)."""
-        if phase == "inference" or self.device_kind != "cpu":
+        """The sums carried from chunk to chunk, ``stats`` (it overrides the workspace's, which a
+        sub-step may not keep: ``minilms.lms.substeps`` carries split workspace, not workspace):
+        on the ``cpu`` device float64 ``[2, C, 1]``, elsewhere the CUDA sums' ``stats`` of the
+        whole batch."""
+        if phase == "inference":
             return []
-        return [BufferSpec("stats", cpu_stats_shape(self.channels), np.dtype(np.float64))]
+        if self.device_kind == "cpu":
+            return [BufferSpec("stats", cpu_stats_shape(self.channels), np.dtype(np.float64))]
+        return [self._stats()]
+
+    def _stats(self) -> BufferSpec:
+        n = self.bottom_shapes[0][0]
+        return BufferSpec("stats", stats_shape(self.channels, n, self._values() // n),
+                          np.dtype(np.float64))
 
     @staticmethod
     def _float_buffers(io) -> dict:

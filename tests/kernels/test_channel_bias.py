@@ -48,3 +48,23 @@ def test_cuda_matches_cpu(dtype):
     np.testing.assert_allclose(d_out.copy_to_host(), expected, rtol=1e-5, atol=1e-5)
     channel_sums(cuda.to_device(dy), d_out, beta=1.0)
     np.testing.assert_allclose(d_out.copy_to_host(), 2 * expected, rtol=1e-5, atol=1e-5)
+
+
+def test_grid_planes_covers_every_plane_and_element():
+    from minilms.kernels.common import grid_planes
+    assert grid_planes(6, 40) == ((1, 6), 64)              # whole warps for a short plane
+    assert grid_planes(2, 10_000) == ((40, 2), 256)
+    assert grid_planes(100_000, 49) == ((1, 65535), 64)    # planes past 65535 by the y stride
+
+
+@pytest.mark.cuda
+def test_cuda_add_strides_over_planes_and_elements_a_small_grid_leaves():
+    """The kernel launched on fewer blocks than planes and elements (as past 65535 planes): its
+    grid-stride loops cover every element once."""
+    from numba import cuda
+
+    from minilms.kernels.channel_bias import add_channel_bias_cuda
+    y, bias = data((2, 3, 40)), data(3, seed=1)
+    dev = cuda.to_device(y)
+    add_channel_bias_cuda[(1, 2), 32](dev, cuda.to_device(bias))
+    np.testing.assert_array_equal(dev.copy_to_host(), y + bias[None, :, None])

@@ -309,11 +309,12 @@ def test_split_buffers_name_the_extra_memory():
     assert (carry.name, carry.shape, carry.dtype) == ("stats", (2, 3, 1), np.float64)
     assert "stats" not in [b.name for b in bn.workspace()]
     assert split_buffers(bn, "inference") == []
-    for kind in ("cuda", None):  # the workspace's stats, sized for the whole batch, carry them
+    for kind in ("cuda", None):  # the cuda sums' stats of the whole batch, carried
         bn.setup([(4, 3, 2, 2)], kind)
-        assert split_buffers(bn, "forward") == split_buffers(bn, "backward") == []
-        (stats,) = [b for b in bn.workspace() if b.name == "stats"]
-        assert (stats.shape, stats.dtype) == ((2, 3, 4 * 1 + 1), np.float64)
+        (carry,) = split_buffers(bn, "forward")
+        assert (carry.name, carry.shape, carry.dtype) == ("stats", (2, 3, 4 * 1 + 1), np.float64)
+        assert split_buffers(bn, "backward") == [carry]
+        assert carry in bn.workspace()              # the unsplit step's, as scratch
     acc = make("Accuracy", ("z", "label"), ("acc",))
     acc.setup([(4, 3), (4,)])
     assert [(b.name, b.shape, b.dtype) for b in split_buffers(acc, "forward")] == [
