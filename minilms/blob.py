@@ -212,20 +212,15 @@ class Blob:
         elif self.state is State.HOST:
             if events.listening:
                 events.emit("h2d", self.name, self.nbytes, role=self.role,
-                            stream=self._stream_name(stream))
+                            stream=self.device.stream_name(stream))
             self.device.h2d(self._device_view, self._host, stream, self.name)
             self._set_state(State.SYNCED)
 
     def _copy_home(self, stream) -> None:
         if events.listening:
             events.emit("d2h", self.name, self.nbytes, role=self.role,
-                        stream=self._stream_name(stream))
+                        stream=self.device.stream_name(stream))
         self.device.d2h(self.ensure_home(), self._device_view, stream, self.name)
-
-    def _stream_name(self, stream) -> str:
-        if stream is None:
-            return "sync"
-        return "copy" if stream is self.device.copy_stream else "compute"
 
     def _set_state(self, state: State) -> None:
         if state is not self.state and events.listening:

@@ -7,7 +7,7 @@ and tests subscribe; nothing that listens may change what it observes.
 What is reported (``kind``: ``who``, ``nbytes``; ``detail``), all times in ``clock`` seconds:
 
     alloc, free   pool slot owner, aligned bytes; offset, in_use (pool bytes after it)
-    h2d, d2h      blob, bytes; role, stream ("sync", "copy", "compute"): a copy is *issued*
+    h2d, d2h      blob, bytes; role, stream ("sync", "h2d", "d2h", "compute"): a copy is *issued*
     copy          blob, bytes; direction ("h2d"/"d2h"), start, end, stream: a copy *ran*
                   (cpu: timed on the thread that copied; cuda: issue time, timing="issued")
     state         blob, bytes; before, after (uninitialized, host, device, synced)

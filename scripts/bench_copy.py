@@ -40,8 +40,8 @@ def measure(device, nbytes: int, repeat: int) -> dict:
 
     def async_h2d():
         done = device.event()
-        device.h2d(arena, host, stream=device.copy_stream)
-        done.record(device.copy_stream)
+        device.h2d(arena, host, stream=device.h2d_stream)
+        done.record(device.h2d_stream)
         done.synchronize()
 
     runs = {"h2d": lambda: device.h2d(arena, host), "d2h": lambda: device.d2h(host, arena),

@@ -60,9 +60,9 @@ def test_copy_stream_then_event_orders_the_compute_stream(kind):
         for value in range(5):  # later copies must land after earlier ones: a stream is in order
             host_copy = device.alloc_host((1000,), np.float32)
             host_copy[...] = value
-            device.h2d(view, host_copy, stream=device.copy_stream)
+            device.h2d(view, host_copy, stream=device.h2d_stream)
         arrived = device.event()
-        arrived.record(device.copy_stream)
+        arrived.record(device.h2d_stream)
         arrived.wait(device.compute_stream)
         device.d2h(host, view, stream=device.compute_stream)
         device.synchronize()
@@ -77,11 +77,11 @@ def test_cpu_copy_stream_overlaps_with_the_caller():
         view = device.view(device.pool.allocate(nbytes, "x"), (nbytes,), np.uint8)
         host = np.ones(nbytes, np.uint8)
         start, done = device.event(timing=True), device.event(timing=True)
-        start.record(device.copy_stream)
+        start.record(device.h2d_stream)
         began = time.perf_counter()
-        device.h2d(view, host, stream=device.copy_stream)
+        device.h2d(view, host, stream=device.h2d_stream)
         enqueued = time.perf_counter() - began
-        done.record(device.copy_stream)
+        done.record(device.h2d_stream)
         done.synchronize()
         assert start.elapsed_time(done) >= 16.0 * 0.999
         assert enqueued < 0.008
@@ -100,10 +100,10 @@ def test_cpu_link_model_slows_a_synchronous_copy_to_the_link():
 def test_a_failed_copy_on_the_copy_stream_surfaces_on_synchronize():
     with make_device("cpu", 4096) as device:
         view = device.view(device.pool.allocate(16, "x"), (4,), np.float32)
-        device.copy_stream.submit(lambda: 1 / 0)
-        with pytest.raises(RuntimeError, match="copy stream failed"):
+        device.h2d_stream.submit(lambda: 1 / 0)
+        with pytest.raises(RuntimeError, match="h2d stream failed"):
             device.synchronize()
-        device.h2d(view, np.ones(4, np.float32), stream=device.copy_stream)  # stream still works
+        device.h2d(view, np.ones(4, np.float32), stream=device.h2d_stream)  # stream still works
         device.synchronize()
         assert view[0] == 1
 
@@ -180,7 +180,7 @@ def test_events_keep_time_only_when_asked():
     with make_device("cpu", 4096) as device:
         untimed, timed = device.event(), device.event(timing=True)
         for event in (untimed, timed):
-            event.record(device.copy_stream)
+            event.record(device.h2d_stream)
             event.synchronize()
             assert event.query()
         with pytest.raises(RuntimeError, match="without timing"):

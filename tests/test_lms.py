@@ -266,6 +266,6 @@ def test_a_step_waits_for_a_prefetch_still_landing_in_space_it_reuses():
         made = Program(None, Plan(Policy(), 4096, {}, {}, [], steps, []), {}, True)
         return made, made.sequence_of[id(prefetch)]
     reused, copy = program(0)
-    assert reused.copying[1][2] == copy
+    assert copy == ("h2d", 1) and reused.copying[1][2] == (copy,)
     elsewhere, _ = program(1024)
-    assert elsewhere.copying[1][2] is None
+    assert elsewhere.copying[1][2] == ()

@@ -93,7 +93,7 @@ def machine_for(kind: str):
             if not blob.placed:
                 return
             was = blob.state
-            stream = self.device.copy_stream if asynchronous else None
+            stream = self.device.d2h_stream if asynchronous else None
             action = blob.release(needed_later=True, stream=stream)
             if stream is not None:  # the contract: order reuse of the space after the copy
                 done = self.device.event()

@@ -201,7 +201,9 @@ def test_chrome_trace_follows_the_format(capped, tmp_path):
     assert sum(e["cat"].startswith("step") for e in slices) == kinds.count("kernel")
     assert sum(e["cat"] in ("h2d", "d2h") for e in slices) == kinds.count("copy")
     threads = {e["args"]["name"] for e in document["traceEvents"] if e["name"] == "thread_name"}
-    assert {"compute stream (steps, stalls)", "copy stream"} <= threads
+    assert {"compute stream (steps, stalls)", "H2D stream", "D2H stream"} <= threads
+    tids = {e["cat"]: e["tid"] for e in slices if e["cat"] in ("h2d", "d2h")}
+    assert tids["h2d"] != tids["d2h"]                    # one thread per copy stream
     counters = [e for e in document["traceEvents"] if e["ph"] == "C"]
     assert max(sum(e["args"].values()) for e in counters) == tr.peak   # stacked, to the byte
 

@@ -3,8 +3,11 @@
 A device owns one buffer of ``capacity`` bytes, allocated once, and a ``Pool`` that sub-allocates
 it. Everything a kernel touches is a view of that buffer (``view``). Host copies come from
 ``alloc_host`` (page-locked on ``cuda`` when asked: for what crosses the link every iteration).
-Copies run on a stream: ``compute_stream`` is where kernels run; ``copy_stream`` lets transfers
-overlap with them. With ``stream=None`` a copy is synchronous: it is complete when the call returns.
+Copies run on a stream: ``compute_stream`` is where kernels run; ``h2d_stream`` and ``d2h_stream``
+carry transfers each way, so that loads, swap-outs and kernels overlap (a GPU has a copy engine
+per direction, and PCIe and NVLink carry both directions at once). Work on one stream runs in
+order; between streams, events order it. With ``stream=None`` a copy is synchronous: it is
+complete when the call returns.
 """
 from abc import ABC, abstractmethod
 
@@ -69,6 +72,23 @@ class Device(ABC):
     @abstractmethod
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes of the memory the pool's buffer comes from."""
+
+    def copy_stream(self, direction: str):
+        """The stream that carries copies of ``direction``: ``"h2d"`` or ``"d2h"``."""
+        if direction == "h2d":
+            return self.h2d_stream
+        if direction == "d2h":
+            return self.d2h_stream
+        raise ValueError(f"copy direction must be h2d or d2h, found {direction!r}")
+
+    def stream_name(self, stream) -> str:
+        """``"sync"`` (no stream: the host copies and waits), ``"h2d"``, ``"d2h"`` or
+        ``"compute"``: how the trace names where a copy was issued."""
+        if stream is None:
+            return "sync"
+        if stream is self.h2d_stream:
+            return "h2d"
+        return "d2h" if stream is self.d2h_stream else "compute"
 
     def close(self) -> None:
         self.synchronize()

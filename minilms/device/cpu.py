@@ -5,8 +5,10 @@ memory copies, so LMS behaves here as it does on a GPU and can be tested and stu
 An optional ``Link`` makes each copy last at least ``bytes / bandwidth``.
 
 Streams mirror CUDA's: work on a stream runs in order. The compute stream runs work at once in the
-calling thread (kernels are synchronous on the host); the copy stream has a thread of its own, and
-``numpy.copyto`` and Numba kernels release the GIL, so copies overlap with compute.
+calling thread (kernels are synchronous on the host); each copy stream (``h2d``, ``d2h``) has a
+thread of its own, and ``numpy.copyto`` and Numba kernels release the GIL, so copies each way
+overlap with compute and with each other (a ``Link`` holds each direction on its own, as a
+full-duplex link carries both at once).
 """
 import queue
 import threading
@@ -110,7 +112,8 @@ class CpuDevice(Device):
         # that a run whose plan uses less of the pool never needed.
         self._arena = np.zeros(self.capacity, np.uint8)
         self.compute_stream = CpuStream("compute", threaded=False)
-        self.copy_stream = CpuStream("copy", threaded=True)
+        self.h2d_stream = CpuStream("h2d", threaded=True)
+        self.d2h_stream = CpuStream("d2h", threaded=True)
         link_name = f", link {link.name}" if link else ""
         self.name = f"cpu (simulated, {format_bytes(self.capacity)}{link_name})"
 
@@ -141,7 +144,7 @@ class CpuDevice(Device):
                 link.hold(started, dst.nbytes)
             if events.listening:   # when the bytes really moved, reported from where they moved
                 events.emit("copy", label, dst.nbytes, direction=direction, start=started,
-                            end=events.clock(), stream="sync" if stream is None else stream.name)
+                            end=events.clock(), stream=self.stream_name(stream))
         if stream is None:
             copy()
         else:
@@ -160,7 +163,9 @@ class CpuDevice(Device):
         return CpuEvent(timing)
 
     def synchronize(self) -> None:
-        self.copy_stream.synchronize()
+        # d2h first: the h2d stream may wait for it, never the other way round
+        self.d2h_stream.synchronize()
+        self.h2d_stream.synchronize()
         self.compute_stream.synchronize()
 
     def memory_info(self) -> tuple[int, int]:
@@ -168,7 +173,8 @@ class CpuDevice(Device):
 
     def close(self) -> None:
         self.synchronize()
-        self.copy_stream.close()
+        self.h2d_stream.close()
+        self.d2h_stream.close()
 
 
 def host_memory_info() -> tuple[int, int]:

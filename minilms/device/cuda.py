@@ -1,8 +1,9 @@
 """The ``cuda`` device: a real GPU through numba.cuda, or the Numba CUDA simulator.
 
 The pool is one ``device_array`` of uint8; blobs are typed views of it. Host copies that cross the
-link every iteration are page-locked (pinned) so that copies on the copy stream are truly
-asynchronous and overlap with kernels on the compute stream; the others are ordinary memory.
+link every iteration are page-locked (pinned) so that copies on the copy streams (one each way,
+for the GPU's two copy engines) are truly asynchronous and overlap with kernels on the compute
+stream and with each other; the others are ordinary memory.
 """
 import numba
 import numpy as np
@@ -24,7 +25,8 @@ class CudaDevice(Device):
         self.device_id = device_id
         self._buffer = cuda.device_array(self.capacity, dtype=np.uint8)
         self.compute_stream = cuda.stream()
-        self.copy_stream = cuda.stream()
+        self.h2d_stream = cuda.stream()
+        self.d2h_stream = cuda.stream()
         what = "simulator" if self.simulated else f"GPU {device_id}"
         self.name = f"cuda ({what}, {format_bytes(self.capacity)})"
 
@@ -48,10 +50,8 @@ class CudaDevice(Device):
         # Copies are asynchronous here: the trace gets when each was issued, not when it ran.
         if events.listening:
             now = events.clock()
-            where = "sync" if stream is None else "copy" if stream is self.copy_stream \
-                else "compute"
             events.emit("copy", label, nbytes, direction=direction, start=now, end=now,
-                        stream=where, timing="issued")
+                        stream=self.stream_name(stream), timing="issued")
 
     def zero(self, dst, stream=None) -> None:
         if self.simulated:

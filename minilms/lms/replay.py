@@ -1,15 +1,21 @@
 """The LMS executor: replays a plan, step by step, and does nothing the plan does not say.
 
-For each step ``i`` of the plan (``minilms.plan``), in order:
+Copies go on two streams, one each way (``h2d``: loads; ``d2h``: swap-outs and syncs), so that a
+swap-out and a prefetch run at once (a GPU has a copy engine per direction). For each step ``i``
+of the plan (``minilms.plan``), in order:
 
-1. the copy stream waits until step ``i - 1`` has computed (its space may now be reused);
-2. the step's releases and demand are issued on the copy stream: swap-outs, drops, placements at
-   the plan's offsets, loads; an event marks the point where step ``i``'s own data has landed;
-3. prefetches for later steps are issued behind that event;
-4. the compute stream waits for the event, and the step runs.
+1. each copy stream with work in step ``i`` waits until step ``i - 1`` has computed (its space
+   may now be reused);
+2. the step's releases and demand are issued: swap-outs on ``d2h``, drops, placements at the
+   plan's offsets, loads on ``h2d``; a load first waits for the swap-outs still reading the space
+   it writes, or still writing the home it reads (an event from ``d2h``);
+3. prefetches for later steps are issued behind the step's own loads;
+4. the compute stream waits for the events that say the step's data has landed (and that copies
+   in space it writes are done), and the step runs.
 
-On ``cuda`` the copy stream overlaps kernels on the compute stream; on ``cpu`` it is a thread of its
-own and the copies (``numpy.copyto``, and the link model's wait) run while the kernels compute.
+On ``cuda`` the copy streams overlap kernels on the compute stream and each other; on ``cpu`` each
+is a thread of its own and the copies (``numpy.copyto``, and the link model's wait) run while the
+kernels compute.
 
 Every access a step makes goes through ``Blob.resident_view``, which neither places nor copies: a
 blob that the plan failed to bring in is an error, not a silent fix. Each release checks that the
@@ -18,7 +24,7 @@ blob did what the plan predicted (a swap-out copies, a drop does not).
 Data-parallel training (``minilms.training.distributed``) gives the executor a ``reducer`` and plans
 with
 ``reduce_grads`` on a schedule whose updates come after the last backward. A ``reduce`` action
-hands a gradient's host copy to the reducer behind an event on the copy stream (its copy home);
+hands a gradient's host copy to the reducer behind an event on the ``d2h`` stream (its copy home);
 between steps the reducer starts the averaging of those whose copies have landed, while earlier
 layers' backward steps compute; a ``swap_in`` of a gradient first waits for its average.
 
@@ -52,40 +58,70 @@ class Program:
     train: bool
 
     def __post_init__(self):
-        """Which copies each step must wait for, computed once. The copy stream runs in order,
-        so waiting for one copy waits for all before it; a step waits for the latest of: the
-        loads of its own blobs, and the copies in flight in space it writes without loading (a
-        kernel must not overwrite a copy still in flight: a swap-out still reading the space, or
-        a prefetch still writing it for a blob that was evicted before its step came). Prefetches
-        for later steps and copies in space it does not touch go on under its compute."""
-        self.copying, self.marks = [], set()
-        self.sequence_of: dict = {}   # id(action) -> its place on the copy stream
-        sequence, waited = 0, 0
-        loaded: dict = {}          # blob -> sequence number of its latest load
-        outgoing: list = []        # (sequence, start, end) of copies not yet waited for
+        """Which copies each step must wait for, computed once. Copies on one stream run in
+        order, so waiting for one waits for all before it on its stream. A step waits, per
+        stream, for the latest of: the loads of its own blobs, and the copies in flight in space
+        it writes without loading (a kernel must not overwrite a copy still in flight: a
+        swap-out still reading the space, or a prefetch still writing it for a blob that was
+        evicted before its step came). A load waits for the swap-outs in flight in its space or
+        of its own blob (whose home they write). Prefetches for later steps and copies in space
+        the step does not touch go on under its compute."""
+        self.copying = []             # per step: (actions now, streams with copies, waits)
+        self.marks: set = set()       # (stream, number): an event is recorded after that copy
+        self.sequence_of: dict = {}   # id(action) -> (stream, its number on that stream)
+        self.load_waits: dict = {}    # id(load) -> the d2h number its stream waits for first
+        count = {"h2d": 0, "d2h": 0}
+        waited = {"h2d": 0, "d2h": 0}           # by the compute stream
+        loaded: dict = {}                       # blob -> number of its latest load
+        outgoing = {"h2d": [], "d2h": []}       # (number, start, end) compute has not waited for
+        homeward: list = []   # (number, start, end, home): d2h the h2d stream has not waited for
+        loads_waited = 0
+        chunks = self.plan.chunks
+
+        def home(name):   # a chunk of a split step keeps its rows in its parent's home
+            return chunks[name][0] if name in chunks else name
         for step_plan in self.plan.steps:
             now = step_plan.release + step_plan.demand
-            copies_any = False
+            streams = set()
             for action in now + step_plan.prefetch:
-                if action.copies:
-                    copies_any = True
-                    sequence += 1
-                    if action.copies == "h2d":
-                        loaded[action.blob] = sequence
-                    outgoing.append((sequence, action.offset, action.offset + action.size))
-                    self.sequence_of[id(action)] = sequence
-            need = max([loaded.get(name, 0) for name in step_plan.step.blobs] + [0])
+                direction = action.copies
+                if direction is None:
+                    continue
+                streams.add(direction)
+                start, end = action.offset, action.offset + action.size
+                if direction == "h2d":
+                    need = max([n for n, a, b, owner in homeward
+                                if (a < end and start < b) or owner == home(action.blob)] + [0])
+                    if need > loads_waited:
+                        self.load_waits[id(action)] = loads_waited = need
+                        self.marks.add(("d2h", need))
+                        homeward = [h for h in homeward if h[0] > need]
+                count[direction] += 1
+                number = count[direction]
+                if direction == "h2d":
+                    loaded[action.blob] = number
+                else:
+                    homeward.append((number, start, end, home(action.blob)))
+                outgoing[direction].append((number, start, end))
+                self.sequence_of[id(action)] = (direction, number)
+            need = {"h2d": max([loaded.get(name, 0) for name in step_plan.step.blobs] + [0]),
+                    "d2h": 0}
             for action in now:
                 if action.kind == "alloc":
-                    need = max([need] + [seq for seq, start, end in outgoing
-                                         if start < action.offset + action.size
-                                         and action.offset < end])
-            wait = need if need > waited else None
-            if wait is not None:
-                self.marks.add(wait)
-                waited = wait
-                outgoing = [o for o in outgoing if o[0] > wait]
-            self.copying.append((now, copies_any, wait))
+                    for direction, copies in outgoing.items():
+                        need[direction] = max([need[direction]] + [
+                            n for n, start, end in copies
+                            if start < action.offset + action.size and action.offset < end])
+            waits = []
+            for direction in ("h2d", "d2h"):
+                if need[direction] > waited[direction]:
+                    waited[direction] = need[direction]
+                    self.marks.add((direction, need[direction]))
+                    outgoing[direction] = [o for o in outgoing[direction]
+                                           if o[0] > need[direction]]
+                    waits.append((direction, need[direction]))
+            self.copying.append((now, frozenset(streams), tuple(waits)))
+
 
 class LmsExecutor(Executor):
     """``LmsExecutor(net, device, solver, policy)``: train ``net`` within ``device``'s pool."""
@@ -210,43 +246,50 @@ class LmsExecutor(Executor):
         if solver is not None:
             for loss in self.net.loss_blobs:
                 self.blobs[f"{loss}.grad"].mutable_host_data(overwrite=True)[...] = 1.0
-        compute, copy = self.device.compute_stream, self.device.copy_stream
+        device = self.device
+        compute = device.compute_stream
         program, stall, events_at = self.current, 0.0, {}
         started = self.begin_iteration_trace()
-        for index, (step_plan, (now, copies, wait)) in enumerate(zip(plan.steps,
-                                                                       program.copying)):
-            if copies:
-                self._after_compute(compute, copy)
+        for index, (step_plan, (now, streams, waits)) in enumerate(zip(plan.steps,
+                                                                        program.copying)):
+            if streams:
+                self._after_compute(streams)
             if self.reducer is not None:
                 self.reducer.poll()         # start the averages whose copies home have landed
             for action in now + step_plan.prefetch:
-                self._apply(action, copy)
-                number = program.sequence_of.get(id(action))
-                if number in program.marks:
-                    events_at[number] = event = self.device.event()
-                    event.record(copy)
-            if wait is not None:
+                first = program.load_waits.get(id(action))
+                if first is not None:
+                    events_at[("d2h", first)].wait(device.h2d_stream)
+                self._apply(action, device.copy_stream(action.copies or "d2h"))
+                mark = program.sequence_of.get(id(action))
+                if mark in program.marks:
+                    events_at[mark] = event = device.event()
+                    event.record(device.copy_stream(mark[0]))
+            if waits:
                 waited = events.clock()
-                events_at.pop(wait).wait(compute)
+                for mark in waits:
+                    events_at[mark].wait(compute)
                 now_ = events.clock()
                 stall += now_ - waited
-                if events.listening and self.device.kind == "cpu":
+                if events.listening and device.kind == "cpu":
                     events.emit("stall", step_plan.step.name, step=index, start=waited, end=now_)
             self.run_step(index, step_plan.step, train, solver)
-        self._after_compute(compute, copy)
+        self._after_compute(("h2d", "d2h"))
         for action in plan.epilogue:
-            self._apply(action, copy)
-        self.device.synchronize()
+            self._apply(action, device.copy_stream(action.copies or "d2h"))
+        device.synchronize()
         self.end_iteration_trace(started, train)
-        self.stall_seconds = stall if self.device.kind == "cpu" else float("nan")
+        self.stall_seconds = stall if device.kind == "cpu" else float("nan")
         return {name: float(self.blobs[name].host_data()[0]) for name in plan.outputs}
 
-    def _after_compute(self, compute, copy) -> None:
-        """Order the copy stream after the kernels issued so far (on ``cpu`` they are done)."""
+    def _after_compute(self, streams) -> None:
+        """Order the copy ``streams`` (directions) after the kernels issued so far (on ``cpu``
+        they are done)."""
         if self.device.kind == "cuda":
             done = self.device.event()
-            done.record(compute)
-            done.wait(copy)
+            done.record(self.device.compute_stream)
+            for direction in streams:
+                done.wait(self.device.copy_stream(direction))
 
     def _apply(self, action, stream) -> None:
         blob = self.blobs[action.blob]

@@ -1,7 +1,8 @@
 """A trace in the Trace Event Format, for https://ui.perfetto.dev and chrome://tracing.
 
 One process (the device) with one thread per stream: the iterations, the compute stream (steps
-and the stalls before them), the copy stream, and copies made synchronously by the host. Steps,
+and the stalls before them), the two copy streams (H2D, D2H), and copies made synchronously by
+the host. Steps,
 stalls and copies are complete ("X") slices, in microseconds from the start of the trace; the
 pool's use by role is one counter ("C") with an argument per role, which chrome://tracing draws
 stacked (Perfetto as one track per role). Slices on one thread must nest: clock readings taken
@@ -12,9 +13,10 @@ from ..sizes import format_bytes
 from .plot import timeline
 
 PID = 1
-THREADS = {"iterations": 1, "compute": 2, "copy": 3, "sync": 4}
+THREADS = {"iterations": 1, "compute": 2, "h2d": 3, "d2h": 4, "sync": 5}
 THREAD_NAMES = {"iterations": "iterations", "compute": "compute stream (steps, stalls)",
-                "copy": "copy stream", "sync": "synchronous copies (host thread)"}
+                "h2d": "H2D stream", "d2h": "D2H stream",
+                "sync": "synchronous copies (host thread)"}
 COUNTER = "device pool by role (bytes)"
 
 
@@ -43,7 +45,8 @@ def chrome_trace(trace) -> dict:
             slices.append((THREADS["compute"], "stall: waiting for copies", "stall", d["start"],
                            d["end"], {"before step": d["step"]}))
         elif kind == "copy":
-            tid = THREADS["sync"] if d["stream"] == "sync" else THREADS["copy"]
+            # by direction: traces written before there were two copy streams say "copy"
+            tid = THREADS["sync"] if d["stream"] == "sync" else THREADS[d["direction"]]
             slices.append((tid, f"{d['direction'].upper()} {event.who}", d["direction"],
                            d["start"], d["end"], {"bytes": event.nbytes, "blob": event.who,
                                                   "role": trace.roles.get(event.who, "other")}))
