@@ -197,16 +197,30 @@ def _gather_pixel(col, img, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, out_w, r0, 
     total = img[c, h, w]
     for i in range(kh):
         h_off = h + ph - i * dh
-        if h_off < 0 or h_off % sh != 0:
+        if h_off < 0:       # and for every later tap: h_off falls as i grows
+            break
+        # stride 1 (most convolutions) divides nothing: a 64-bit division or remainder is a
+        # software routine of tens of instructions, and this loop ran four per tap
+        if sh == 1:
+            oh = h_off
+        elif h_off % sh != 0:
             continue
-        oh = h_off // sh
+        else:
+            oh = h_off // sh
         if oh < r0 or oh >= r1:
             continue
         for j in range(kw):
             w_off = w + pw - j * dw
-            if w_off < 0 or w_off % sw != 0 or w_off // sw >= out_w:
+            if w_off < 0:
+                break
+            if sw == 1:
+                ow = w_off
+            elif w_off % sw != 0:
                 continue
-            total += col[(c * kh + i) * kw + j, (oh - r0) * out_w + w_off // sw]
+            else:
+                ow = w_off // sw
+            if ow < out_w:
+                total += col[(c * kh + i) * kw + j, (oh - r0) * out_w + ow]
     return total
 
 

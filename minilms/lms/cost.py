@@ -44,13 +44,15 @@ GB = 1e9
 # The cuda device's constants, each *predicted*, taken from the kernels themselves where they can
 # be. Checked since on an H100 SXM (docs/benchmarks.md, "CUDA on an H100"): the GEMM ran at 39-41
 # TFLOP/s (this model: 38.4); a launch cost 127 us of host time through numba's dispatch, 20 us
-# now (kernels/prepared_launch.py), but a whole step more than this model's 100 us, the views
-# and the executor's own work with it: the model is not yet refitted to those.
+# now (kernels/prepared_launch.py). A step's host time, refigured from its parts (not refitted
+# on a GPU): ResNet-18 launches 459 times in 180 steps (2.55 a step, batch norm's two-stage sums
+# included) at 20 us, plus the executor's own Python work, about 55 us a step (measured on a
+# 2-core machine, kernels counted and not run): about 110 us, against this model's 100 us.
 GPU_FP32_PEAK = 51.2e12      # FLOP/s: an H100 PCIe, 114 SMs x 128 FP32 lanes x 2 x 1.755 GHz
 GPU_MEMORY = 2.0e12          # bytes/s: its HBM2e
 GPU_LINK = 25 * GB           # bytes/s: PCIe 4.0 x16 as copies reach it, where no link is named
 LAUNCH_SECONDS = 50e-6       # host time a launch costs through numba-cuda (docs/kernels.md)
-LAUNCHES_PER_STEP = 2        # scripts/launch_count.py: ResNet-18 launches 322 in 180 steps
+LAUNCHES_PER_STEP = 2        # scripts/launch_count.py: ResNet-18 launched 322 in 180 steps
 COPY_SECONDS = 10e-6         # a cudaMemcpyAsync's host time
 
 PREFETCH_CHOICES = (1, 2, 3, 4, 6, 8)
