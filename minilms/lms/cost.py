@@ -1,10 +1,12 @@
 """The planner's cost model: how long one iteration of a plan takes, and ``policy: auto``.
 
-A plan is replayed on two streams, as the executor runs it (``minilms.lms``): the copy stream takes
-step ``i``'s copies once step ``i - 1`` has computed (its space may be reused, its outputs swapped
-out), in plan order: releases, the step's own loads, then prefetches for later steps; the compute
-stream runs step ``i`` once step ``i - 1`` is done and step ``i``'s own loads have landed. The
-time compute waits for copies is the *stall*; prefetching moves loads under earlier compute.
+A plan is replayed on three streams, as the executor runs it (``minilms.lms.replay``): a copy
+stream each way takes step ``i``'s copies once step ``i - 1`` has computed (its space may be
+reused, its outputs swapped out), in plan order: releases, the step's own loads, then prefetches
+for later steps; a load also waits for the swap-outs still reading its space or writing its blob's
+home. The compute stream runs step ``i`` once step ``i - 1`` is done, step ``i``'s own loads have
+landed and no copy is still using the space it writes. The time compute waits for copies is the
+*stall*; prefetching moves loads under earlier compute, and a swap-out runs beside a load.
 
 Step times come from the layers' FLOPs and the bytes each step touches, at rates a ``CostModel``
 states (defaults per device kind; ``measure_cpu`` takes this machine's), plus a fixed cost per
@@ -156,7 +158,7 @@ class Timeline:
 
 
 def simulate(plan: Plan, net: Net, model: CostModel) -> Timeline:
-    """Replay ``plan`` on the two streams as described in the module docstring."""
+    """Replay ``plan`` on the three streams described in the module docstring."""
     times = step_times(net, [step_plan.step for step_plan in plan.steps], model)
     streams = _Streams(model)
     for step_plan, seconds in zip(plan.steps, times):
@@ -164,34 +166,55 @@ def simulate(plan: Plan, net: Net, model: CostModel) -> Timeline:
     return streams.finish(plan.epilogue)
 
 
-_COPYING = frozenset(("swap_in", "swap_out", "sync"))    # the kinds with ``Action.copies``
-
-
 class _Streams:
-    """The two streams of ``simulate``, fed a step at a time: ``policy: auto`` watches each
+    """The three streams of ``simulate``, fed a step at a time: ``policy: auto`` watches each
     candidate's time grow while it is planned, and stops one that can no longer win."""
 
     def __init__(self, model: CostModel):
         self.model = model
-        self.copy_free = self.compute_end = 0.0
+        self.free = {"h2d": 0.0, "d2h": 0.0}     # when each copy stream is next idle
+        self.compute_end = 0.0
+        # copies that may still run: (end, start, stop, blob) by direction
+        self.flying: dict = {"h2d": [], "d2h": []}
         self.starts, self.ends, self.stalls = [], [], []
         self.copies = self.compute = 0.0
         self.moved = 0            # bytes copied, either way: ``Plan.bytes_moved`` of both
 
+    def _copy(self, action) -> float:
+        """Queue ``action``'s copy on its stream; returns when it ends."""
+        direction = action.copies
+        start, stop = action.offset, action.offset + action.size
+        begin = max(self.free[direction], self.compute_end)
+        if direction == "h2d":      # after the swap-outs reading its space or writing its home
+            for end, a, b, blob in self.flying["d2h"]:
+                if end > begin and ((a < stop and start < b) or blob == action.blob):
+                    begin = end
+        seconds = self.model.copy_seconds(action.nbytes)
+        end = self.free[direction] = begin + seconds
+        self.copies += seconds
+        self.moved += action.nbytes
+        self.flying[direction].append((end, start, stop, action.blob))
+        return end
+
     def step(self, step_plan, seconds: float) -> None:
-        copy_seconds = self.model.copy_seconds
-        begin = at = max(self.copy_free, self.compute_end)
-        for actions in (step_plan.release, step_plan.demand, None, step_plan.prefetch):
-            if actions is None:       # the step's own loads are in: it may start
-                ready = at
-                continue
-            for action in actions:
-                if action.kind in _COPYING:
-                    at += copy_seconds(action.nbytes)
-                    self.moved += action.nbytes
-        self.copies += at - begin
-        self.copy_free = at
-        start = max(self.compute_end, ready)
+        for direction, flying in self.flying.items():   # what ended before now matters no more
+            self.flying[direction] = [f for f in flying if f[0] > self.compute_end]
+        ready = self.compute_end
+        for action in step_plan.release + step_plan.demand:
+            if action.copies:
+                end = self._copy(action)
+                if action.copies == "h2d":          # the step's own loads
+                    ready = max(ready, end)
+            elif action.kind == "alloc":            # space a copy in flight still uses
+                stop = action.offset + action.size
+                for flying in self.flying.values():
+                    for end, a, b, _ in flying:
+                        if a < stop and action.offset < b:
+                            ready = max(ready, end)
+        for action in step_plan.prefetch:
+            if action.copies:
+                self._copy(action)
+        start = ready
         self.compute += seconds
         self.starts.append(start)
         self.stalls.append(start - self.compute_end)
@@ -199,12 +222,11 @@ class _Streams:
         self.ends.append(self.compute_end)
 
     def finish(self, epilogue: list) -> Timeline:
-        at = max(self.copy_free, self.compute_end)
-        copied = [a for a in epilogue if a.kind in _COPYING]
-        self.moved += sum(a.nbytes for a in copied)
-        tail = sum(self.model.copy_seconds(a.nbytes) for a in copied)
-        return Timeline(self.starts, self.ends, self.stalls, self.copies + tail, self.compute,
-                        at + tail)
+        for action in epilogue:
+            if action.copies:
+                self._copy(action)
+        end = max(self.compute_end, *self.free.values())
+        return Timeline(self.starts, self.ends, self.stalls, self.copies, self.compute, end)
 
 
 class _CutShort(Exception):

@@ -1,0 +1,63 @@
+"""The cost model's timeline runs copies as the executor does: a stream each way, so a swap-out
+and a load overlap, except where the load writes the space the swap-out reads (or reads the home
+it writes), and a step waits for the copies still using the space it writes."""
+import pytest
+
+from minilms.lms.cost import CostModel, _Streams
+from minilms.lms.plan import Action, StepPlan
+from minilms.net import Step
+
+# 1 s a step's fixed cost, no FLOPs or bytes counted; a copy of 100 bytes takes 1 s
+MODEL = CostModel(1e12, 1e12, 100.0, "test", 0.0, 0.0)
+
+
+def run(steps, seconds=1.0):
+    streams = _Streams(MODEL)
+    for step_plan in steps:
+        streams.step(step_plan, seconds)
+    return streams
+
+
+def out(blob, offset):
+    return Action.make("swap_out", blob, 100, offset, 256)
+
+
+def load(blob, offset, for_step=None):
+    return Action.make("swap_in", blob, 100, offset, 256, for_step=for_step)
+
+
+def test_a_swap_out_and_a_load_elsewhere_overlap():
+    streams = run([StepPlan(Step(0, "forward", "a"), [out("x", 0)], [load("y", 1024)], [])])
+    assert streams.starts == [1.0]          # the load took 1 s, beside the swap-out
+    assert streams.copies == 2.0 and streams.moved == 200
+
+
+def test_a_load_into_the_space_a_swap_out_reads_waits_for_it():
+    streams = run([StepPlan(Step(0, "forward", "a"), [out("x", 0)], [load("y", 0)], [])])
+    assert streams.starts == [2.0]
+
+
+def test_a_load_of_the_blob_a_swap_out_sends_home_waits_for_it():
+    steps = [StepPlan(Step(0, "forward", "a"), [out("x", 0)], [load("x", 1024)], [])]
+    assert run(steps).starts == [2.0]
+
+
+def test_a_step_writing_space_a_copy_still_uses_waits():
+    """Step 0 swaps ``x`` out (1 s) and computes at once; step 1 allocates where ``x`` was: it
+    waits for the swap-out only if it had not ended (a 0.5 s step 0: yes; 2 s: no)."""
+    def steps():
+        return [StepPlan(Step(0, "forward", "a"), [out("x", 0)], [], []),
+                StepPlan(Step(1, "forward", "b"), [],
+                         [Action.make("alloc", "y", 100, 0, 256)], [])]
+    assert run(steps(), seconds=0.5).starts == [0.0, 1.0]
+    assert run(steps(), seconds=2.0).starts == [0.0, 2.0]
+
+
+def test_prefetches_queue_behind_the_loads_and_end_the_iteration():
+    steps = [StepPlan(Step(0, "forward", "a"), [], [load("y", 0)], [load("z", 1024, 1)]),
+             StepPlan(Step(1, "forward", "b"), [], [], [])]
+    streams = run(steps)
+    assert streams.starts == [1.0, 2.0]     # z landed at 2 s, under step 0
+    timeline = streams.finish([out("y", 0)])
+    assert timeline.seconds == pytest.approx(4.0)   # y home after the last step (3 s) + 1 s
+    assert timeline.copy_seconds == pytest.approx(3.0)
