@@ -3,9 +3,10 @@
 ``liveness`` (every blob's next need), ``plan`` (the plan's types and the knobs, ``Policy``),
 ``planner`` (``make_plan``), ``bounds`` (``least_pool``: how much pool a net needs), ``host``
 (``host_memory``: how much host memory a plan needs), ``check`` (an independent replay of a plan),
-``cost`` (the cost model, the timeline of compute and the two copy streams, ``policy: auto``), ``executor`` (a step turned
-into a layer call; ``ResidentExecutor``, LMS off, the reference) and ``replay`` (``LmsExecutor``,
-which replays a plan on the copy and compute streams). Start with ``planner`` and ``replay``.
+``cost`` (the cost model, the timeline of compute and the two copy streams, ``policy: auto``),
+``executor`` (a step turned into a layer call; ``ResidentExecutor``, LMS off, the reference) and
+``replay`` (``LmsExecutor``, which replays a plan on the copy and compute streams). Start with
+``planner`` and ``replay``.
 """
 from .bounds import least_pool, resident_bytes, working_set_bytes
 from .check import check_plan
