@@ -87,7 +87,8 @@ def count(model, batch, size, width, before):
     layers = layers_of(model, width)
     net = Net(layers, shapes)
     pool = int(1.5 * least_pool(net, net.schedule(("momentum",))))
-    patches = [mock.patch.object(Convolution, "_batch_chunk", lambda self, n: 0)] if before else []
+    patches = [mock.patch.multiple(Convolution, _batch_chunk=lambda self, n: 0,
+                                   pointwise_on_cuda=False)] if before else []
     with CudaDevice(pool) as device:
         for patch in patches:
             patch.start()

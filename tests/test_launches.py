@@ -32,8 +32,8 @@ def launches_per_iteration(layers, inputs, run=True, per_sample=False):
     shapes = {k: (v.shape, v.dtype) for k, v in inputs.items()}
     net = Net(layers, shapes)
     pool = int(1.5 * least_pool(net, net.schedule(("momentum",))))
-    forced = mock.patch.object(Convolution, "_batch_chunk", lambda self, n: 0) if per_sample \
-        else nullcontext()
+    forced = mock.patch.multiple(Convolution, _batch_chunk=lambda self, n: 0,
+                                 pointwise_on_cuda=False) if per_sample else nullcontext()
     with new_device("cuda", pool) as device, forced:
         executor = LmsExecutor(Net(layers, shapes, device_kind="cuda"), device,
                                SGD(0.01, momentum=0.9), Policy(prefetch=1))

@@ -44,9 +44,15 @@ takes the same elements at twice the bytes):
   ``top[n]`` (or of ``dy[n]``) is not contiguous across channels, the GEMM goes through a staging
   buffer ``[out / groups, band]`` that a copy kernel (``slice_copy``) moves into place.
 
+A 1x1 convolution of stride 1 without padding on ``cuda`` (``pointwise_cuda``: most of
+ResNet-50's) needs no columns at all: its input, viewed ``[n, C, H*W]``, *is* its columns, so
+forward is one batched GEMM over the whole batch, the weight gradient one GEMM that reads the
+input, and ``dx`` one batched GEMM written straight into it (no im2col, col2im, or zeroing).
+
 The device the layer is set up for (``Layer.setup(..., device_kind)``; a net built from a config
 knows it) sizes the workspace for what runs there: ``cuda`` the columns of as many samples as
-fit ``max_workspace`` (the batched path's, at least one sample's), no cpu chunks;
+fit ``max_workspace`` (the batched path's, at least one sample's; none for ``pointwise_cuda``,
+only the split-K partial sums), no cpu chunks;
 ``cpu`` where the engine runs every part of the step (``DirectConvolution.covers_all``) only the
 engine's workspace; otherwise, and for a layer set up for either (None), enough for every path.
 A layer run on a device it was not sized for fails with an error that says so, never silently.
@@ -82,6 +88,9 @@ class Convolution(Layer):
         regrouped=("bottom_grad", "param_grad.weight", "param_grad.bias")))
     recompute = Recompute.rerun("im2col + GEMM or the direct engine: for the same shapes the "
                                 "same calls in the same summation order, run again")
+    # cuda: a 1x1 convolution of stride 1 reads its input as its columns (off: as any other,
+    # which scripts/launch_count.py's "before", the path until issue 19, needs)
+    pointwise_on_cuda = True
 
     def __init__(self, name, bottom, top, num_output=None, kernel_size=None, stride=1, pad=0,
                  dilation=1, bias: bool = True, groups: int = 1, weight_init: str = "he",
@@ -157,6 +166,15 @@ class Convolution(Layer):
         ``staged`` (the per-sample plan), and the workspace's ``elements``."""
         budget = self.max_workspace // 4          # float32 elements
         plane, ones = self.out_h * self.out_w, int(self.bias)
+        self.pointwise_cuda = self.pointwise_on_cuda and not chunked and self.groups == 1 \
+            and self.kernel_size == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
+        if self.pointwise_cuda:     # the input is the columns: room for split-K partials only
+            self.chunk, self.band_rows, self.staged, self.partials = 0, self.out_h, False, 0
+            splits = split_k(self.num_output, self.k, shape[0])
+            if splits > 1 and splits * self.num_output * self.k <= budget:
+                self.partials = splits * self.num_output * self.k
+            self.elements = max(1, self.partials)
+            return
         per_sample = (self.groups * self.k + self.num_output) * plane   # col and dyT of a chunk
         self.chunk = min(shape[0], budget // per_sample) if chunked else 0
         self.band_rows, self.staged, self.partials = self.out_h, False, 0
@@ -252,6 +270,8 @@ class Convolution(Layer):
     def _batch_chunk(self, n_samples: int) -> int:
         """CUDA: how many samples' columns the workspace holds at once (0: the per-sample path,
         for groups, or an image whose columns alone exceed it)."""
+        if self.pointwise_cuda:
+            return n_samples
         if self.groups != 1 or self.staged:
             return 0
         return min(n_samples, (self.elements - self.partials) // (self.k * self.out_h * self.out_w))
@@ -267,8 +287,7 @@ class Convolution(Layer):
         plane = self.out_h * self.out_w
         weight = view(weight, 1, self.num_output, self.k)
         for n0, n1 in self._chunks(x.shape[0], chunk):
-            cols = view(span(flat, 0, (n1 - n0) * self.k * plane), n1 - n0, self.k, plane)
-            im2col_batch(span(x, n0, n1), cols, *self._geometry(), stream=stream)
+            cols = self._columns(x, n0, n1, flat, stream)
             top = view(span(y, n0, n1), n1 - n0, self.num_output, plane)
             gemm_batched(weight, cols, top, stream=stream)
             if bias is not None:
@@ -280,21 +299,35 @@ class Convolution(Layer):
         batched GEMM and a batched col2im; the first chunk writes the parameter gradients, the
         others add. At most six launches a chunk, and one to zero ``dx``."""
         plane = self.out_h * self.out_w
-        if dx is not None:
+        if dx is not None and not self.pointwise_cuda:
             fill(dx, 0.0, stream)   # col2im adds
         for n0, n1 in self._chunks(dy.shape[0], chunk):
             beta = 0.0 if n0 == 0 else 1.0
             grad = view(span(dy, n0, n1), n1 - n0, self.num_output, plane)
-            cols = view(span(flat, 0, (n1 - n0) * self.k * plane), n1 - n0, self.k, plane)
             if dbias is not None:
                 channel_sums(grad, dbias, beta, stream)
             if dweight is not None:
-                im2col_batch(span(x, n0, n1), cols, *self._geometry(), stream=stream)
+                cols = self._columns(x, n0, n1, flat, stream)
                 self._weight_grad(grad, cols, dweight, beta, flat, stream)
             if dx is not None:
-                gemm_batched(view(weight, 1, self.num_output, self.k), grad, cols,
-                             trans_a=True, stream=stream)
+                weight_t = view(weight, 1, self.num_output, self.k)
+                if self.pointwise_cuda:     # dx is the columns' gradient: written, not added
+                    gemm_batched(weight_t, grad, view(span(dx, n0, n1), n1 - n0, self.k, plane),
+                                 trans_a=True, stream=stream)
+                    continue
+                cols = view(span(flat, 0, (n1 - n0) * self.k * plane), n1 - n0, self.k, plane)
+                gemm_batched(weight_t, grad, cols, trans_a=True, stream=stream)
                 col2im_batch(cols, span(dx, n0, n1), *self._geometry(), stream=stream)
+
+    def _columns(self, x, n0, n1, flat, stream):
+        """Samples ``n0 .. n1``'s columns ``[n, k, out_h * out_w]``: im2col into the workspace,
+        or for ``pointwise_cuda`` the input itself, viewed so."""
+        plane = self.out_h * self.out_w
+        if self.pointwise_cuda:
+            return view(span(x, n0, n1), n1 - n0, self.k, plane)
+        cols = view(span(flat, 0, (n1 - n0) * self.k * plane), n1 - n0, self.k, plane)
+        im2col_batch(span(x, n0, n1), cols, *self._geometry(), stream=stream)
+        return cols
 
     def _weight_grad(self, grad, cols, dweight, beta, flat, stream):
         """``dweight (+)= sum over the chunk of grad[s] @ cols[s]^T``: one GEMM that sums the

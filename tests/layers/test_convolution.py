@@ -460,3 +460,34 @@ def test_cuda_chunks_of_samples_equal_one_sample_at_a_time(monkeypatch):
         for key in expected[2]:
             np.testing.assert_allclose(got[2][key], expected[2][key], rtol=1e-5, atol=1e-5,
                                        err_msg=f"{name} {key}")
+
+
+@pytest.mark.cuda
+def test_cuda_pointwise_reads_its_input_as_the_columns():
+    """A 1x1 convolution of stride 1 set up for cuda: no columns in its workspace (only the
+    weight gradient's split-K sums), no im2col, col2im or zeroing launched, and the results of
+    the same layer run as im2col + GEMM (set up for either device): forward and dx bit for bit
+    (each output is one dot product in the same order), the gradients within float32 rounding."""
+    from minilms.kernels.common import counting_launches
+    rng = np.random.default_rng(10)
+    shape = (3, 5, 4, 3)
+    x = rng.standard_normal(shape).astype(np.float32)
+    probe = conv(num_output=6, kernel_size=1)
+    probe.setup([shape], "cuda")
+    assert probe.pointwise_cuda and probe.elements == max(1, probe.partials)
+    assert probe._batch_chunk(shape[0]) == 3
+    dy = rng.standard_normal(probe.top_shapes[0]).astype(np.float32)
+    params = random_bias(probe, rng)
+    with counting_launches() as launches:
+        got = forward_backward("cuda", conv(num_output=6, kernel_size=1), x, dy, params,
+                               device_kind="cuda")
+    assert not {"im2col_batch_kernel", "col2im_batch_kernel", "fill_cuda"} & set(launches)
+    expected = forward_backward("cuda", conv(num_output=6, kernel_size=1), x, dy, params)
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_array_equal(got[1], expected[1])
+    for key in expected[2]:
+        np.testing.assert_allclose(got[2][key], expected[2][key], rtol=1e-5, atol=1e-5)
+    for stride_or_pad in (dict(stride=2), dict(pad=1)):   # these still need their columns
+        other = conv(num_output=6, kernel_size=1, **stride_or_pad)
+        other.setup([shape], "cuda")
+        assert not other.pointwise_cuda
