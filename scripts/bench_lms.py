@@ -65,7 +65,7 @@ def inputs(args, seed=0):
 
 def run(args, layers, batch, capacity, policy, link):
     """Median seconds per iteration, mean stall seconds, predicted stall, bytes moved."""
-    net = Net(layers, {k: (v.shape, v.dtype) for k, v in batch.items()})
+    net = Net(layers, {k: (v.shape, v.dtype) for k, v in batch.items()}, device_kind="cpu")
     with CpuDevice(capacity, link=parse_link(link)) as device:
         executor = LmsExecutor(net, device, SGD(0.01, momentum=0.9), policy,
                                cost_model=args.cost_model.with_link(parse_link(link)))
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         args.model, args.width, args.batch, args.iters, args.warmup = "resnet18", 16, 4, 1, 1
     args.cost_model = measure_cpu()     # this machine's rates, as the trainer plans with
     layers, batch = model(args), inputs(args)
-    net = Net(layers, {k: (v.shape, v.dtype) for k, v in batch.items()})
+    net = Net(layers, {k: (v.shape, v.dtype) for k, v in batch.items()}, device_kind="cpu")
     steps = net.schedule(("momentum",))
     fits = resident_bytes(net, steps) + MiB
     capped = int(args.cap * least_pool(net, steps))

@@ -98,6 +98,7 @@ def run_lms(layers, batches, solver, capacity, disable_load_waits=False):
         if disable_load_waits:
             for made in executor.programs.values():
                 made.load_waits.clear()
+                made.issue = made.issue_lists()
         return waits, train(executor, batches, iterations=2)
 
 

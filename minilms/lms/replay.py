@@ -121,6 +121,22 @@ class Program:
                                            if o[0] > need[direction]]
                     waits.append((direction, need[direction]))
             self.copying.append((now, frozenset(streams), tuple(waits)))
+        self.issue = self.issue_lists()
+
+    def issue_lists(self) -> list:
+        """Per step, what the executor issues, worked out once: ``(action, direction, the d2h
+        number a load waits for first or None, the mark to record after it or None)``, the
+        direction ``d2h`` for actions that copy nothing (a drop; a reduce, whose event follows
+        the copy home)."""
+        lists = []
+        for step_plan, (now, _, _) in zip(self.plan.steps, self.copying):
+            issue = []
+            for action in now + step_plan.prefetch:
+                mark = self.sequence_of.get(id(action))
+                issue.append((action, action.copies or "d2h", self.load_waits.get(id(action)),
+                              mark if mark in self.marks else None))
+            lists.append(issue)
+        return lists
 
 
 class LmsExecutor(Executor):
@@ -250,21 +266,20 @@ class LmsExecutor(Executor):
         compute = device.compute_stream
         program, stall, events_at = self.current, 0.0, {}
         started = self.begin_iteration_trace()
-        for index, (step_plan, (now, streams, waits)) in enumerate(zip(plan.steps,
-                                                                        program.copying)):
+        on = {"h2d": device.h2d_stream, "d2h": device.d2h_stream}
+        for index, (step_plan, (_, streams, waits), issue) in enumerate(zip(
+                plan.steps, program.copying, program.issue)):
             if streams:
                 self._after_compute(streams)
             if self.reducer is not None:
                 self.reducer.poll()         # start the averages whose copies home have landed
-            for action in now + step_plan.prefetch:
-                first = program.load_waits.get(id(action))
+            for action, direction, first, mark in issue:
                 if first is not None:
-                    events_at[("d2h", first)].wait(device.h2d_stream)
-                self._apply(action, device.copy_stream(action.copies or "d2h"))
-                mark = program.sequence_of.get(id(action))
-                if mark in program.marks:
+                    events_at[("d2h", first)].wait(on["h2d"])
+                self._apply(action, on[direction])
+                if mark is not None:
                     events_at[mark] = event = device.event()
-                    event.record(device.copy_stream(mark[0]))
+                    event.record(on[direction])
             if waits:
                 waited = events.clock()
                 for mark in waits:
