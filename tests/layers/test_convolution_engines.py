@@ -137,9 +137,13 @@ def test_cpu_workspace_is_the_engines_where_it_runs_everything():
     assert short.elements == short.chunk * (16 + 24) * 49
     first = sized(FEW_CHANNELS, "cpu")
     assert not first.engine_only and first.elements == sized(FEW_CHANNELS, None).elements
-    for g in (POINTWISE_LONG, THREE_BY_THREE, FEW_CHANNELS):
+    pointwise = sized(POINTWISE_LONG, "cuda")    # its input is its columns: split-K sums only
+    assert pointwise.pointwise_cuda and pointwise.chunk == 0
+    assert pointwise.elements == pointwise.partials == POINTWISE_LONG.n * 24 * 16
+    assert pointwise._batch_chunk(POINTWISE_LONG.n) == POINTWISE_LONG.n
+    for g in (THREE_BY_THREE, FEW_CHANNELS):
         cuda = sized(g, "cuda")
-        assert cuda.chunk == 0 and not cuda.fast.pointwise
+        assert cuda.chunk == 0 and not cuda.fast.pointwise and not cuda.pointwise_cuda
         plane = cuda.out_h * cuda.out_w
         # the whole batch's columns (no bias: no ones), the batched path's chunk of samples, and
         # the weight gradient's split-K partial sums (one tile of weights: one per sample)
