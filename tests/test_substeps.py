@@ -136,15 +136,17 @@ def test_least_pool_falls_below_the_largest_working_set():
 
 def assert_close(got, expected, losses=1e-5):
     """Losses within ``losses`` relative, and every parameter and optimizer state within 1e-4
-    of its largest magnitude (at least 1e-2: a bias before batch norm has a zero gradient, and
-    holds rounding noise only), of LMS off's. A split step regroups sums over the samples
+    of its largest magnitude (at least 1e-1: a bias before batch norm, or before linear layers
+    that lead to one, has a zero gradient and holds rounding noise only; hypothesis found a
+    1x1-convolution bias two layers before a batch norm whose noise was 5.4e-6 with LMS off and 0
+    split), of LMS off's. A split step regroups sums over the samples
     (weight gradients; BLAS calls on fewer rows): one iteration shows that alone; over more,
     training amplifies the last bits as it does any regrouping (a net of two samples per batch
     norm most), so later losses are held to a looser bound."""
     np.testing.assert_allclose(got[0], expected[0], rtol=losses)
     assert got[1].keys() == expected[1].keys()
     for name, value in expected[1].items():
-        scale = max(float(np.max(np.abs(value))), 1e-2)
+        scale = max(float(np.max(np.abs(value))), 1e-1)
         np.testing.assert_allclose(got[1][name], value, rtol=0, atol=1e-4 * scale,
                                    err_msg=name)
 
