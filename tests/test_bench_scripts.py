@@ -68,9 +68,11 @@ def test_bench_mpi_smoke(capsys):
 
 
 def test_bench_host_memory_smoke(capsys):
-    """The smoke run measures in this process: the figure is printed, every blob with a home had
-    it once built, and the peak less what the process keeps (kernels loaded) is near the figure
-    (loosely: other tests may have left memory behind that this run reuses)."""
+    """The smoke run measures in this process, after a warm-up run: the figure is printed, every
+    blob with a home had it once built, and the peak growth is near the figure (loosely: a tiny
+    net, where a few MiB of the allocator's own keep-or-give-back choices show). What the process
+    keeps once a run is freed is printed, not asserted: in CI's process, after ~2,000 tests, the
+    allocator once kept 10 MiB of a 15 MiB run, though no object of the run stayed alive."""
     assert run_script("bench_host_memory.py", "--smoke") == 0
     out = capsys.readouterr().out
     assert "process baseline (resident after the imports" in out
@@ -78,7 +80,7 @@ def test_bench_host_memory_smoke(capsys):
         row = re.search(rf"^{mode} +([\d.]+ +){{5}}([\d.]+)x +[\d.-]+ +([\d.]+)x +(\d+)/(\d+)/"
                         rf"(\d+)$", out, re.M)
         assert row, out
-        ratio = float(row.group(3))
+        ratio = float(row.group(2))
         built, after, blobs = (int(row.group(i)) for i in (4, 5, 6))
         assert 0.7 <= ratio <= 1.6, out
         assert built == after < blobs
