@@ -29,9 +29,10 @@ setup(
         "cuda": CUDA,
         # nbformat, nbclient, ipykernel: tests/test_notebooks.py runs the teaching notebooks
         # headless in a python3 kernel; MPI: tests/test_distributed.py runs mpiexec -n 2.
-        # ruff: .ci/run lints before the tests (settings in pyproject.toml).
-        "test": ["pytest>=7", "hypothesis>=6.80", "nbformat>=5.7", "nbclient>=0.7",
-                 "ipykernel>=6", "ruff>=0.6"] + CUDA + MPI,
+        # ruff: .ci/run lints before the tests (settings in pyproject.toml). pytest-xdist: the
+        # README's test command runs a worker per core (-n auto).
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80", "nbformat>=5.7",
+                 "nbclient>=0.7", "ipykernel>=6", "ruff>=0.6"] + CUDA + MPI,
         # The independent reference for tests (compared where installed) and the benchmarks'
         # baseline. Not in "test": unpinned, it brings gigabytes of CUDA packages to a CPU machine.
         "torch": ["torch>=2.1"],
