@@ -16,8 +16,12 @@ from numba import cuda
 from .registry import THREADS_1D, on_cpu
 
 SIMULATED = bool(numba.config.ENABLE_CUDASIM)
+prepared_launch = None
 if not SIMULATED:
-    from .prepared_launch import prepared_launch
+    try:
+        from .prepared_launch import prepared_launch
+    except ImportError:     # numba without numba-cuda (no `cuda` extra): numba's own dispatch
+        pass
 
 __all__ = ["grid_1d", "grid_planes", "launch", "counting_launches", "view", "span", "derived",
            "flat", "block_sum", "warp_sums", "block_max"]
@@ -59,7 +63,7 @@ def launch(kernel, blocks, threads, stream=None):
             counter[name] += 1
         if _SKIPPING:
             return _skip
-    if not SIMULATED:
+    if prepared_launch is not None:
         return prepared_launch(kernel, blocks, threads, stream)
     return kernel[blocks, threads] if stream is None else kernel[blocks, threads, stream]
 
