@@ -45,16 +45,16 @@ GB = 1e9
 
 # The cuda device's constants, each *predicted*, taken from the kernels themselves where they can
 # be. Checked since on an H100 SXM (docs/benchmarks.md, "CUDA on an H100"): the GEMM ran at 39-41
-# TFLOP/s (this model: 38.4); a launch cost 127 us of host time through numba's dispatch, 20 us
-# now (kernels/prepared_launch.py). A step's host time, refigured from its parts (not refitted
-# on a GPU): ResNet-18 launches 459 times in 180 steps (2.55 a step, batch norm's two-stage sums
-# included) at 20 us, plus the executor's own Python work, about 55 us a step (measured on a
-# 2-core machine, kernels counted and not run): about 110 us, against this model's 100 us.
+# TFLOP/s (this model: 38.4); a launch costs 20 us of host time through a launcher and
+# kernels/prepared_launch.py (127 us through numba's dispatch before it). A step's host time is
+# built from its parts: its launches at that cost, plus the executor's own Python work.
 GPU_FP32_PEAK = 51.2e12      # FLOP/s: an H100 PCIe, 114 SMs x 128 FP32 lanes x 2 x 1.755 GHz
 GPU_MEMORY = 2.0e12          # bytes/s: its HBM2e
 GPU_LINK = 25 * GB           # bytes/s: PCIe 4.0 x16 as copies reach it, where no link is named
-LAUNCH_SECONDS = 50e-6       # host time a launch costs through numba-cuda (docs/kernels.md)
-LAUNCHES_PER_STEP = 2        # scripts/launch_count.py: ResNet-18 launched 322 in 180 steps
+LAUNCH_SECONDS = 20e-6       # host time a launch costs: a launcher and prepared_launch (H100 host)
+LAUNCHES_PER_STEP = 2.55     # scripts/launch_count.py: ResNet-18 launches 459 times in 180 steps
+HOST_STEP_SECONDS = 55e-6    # the executor's own work a step: 10 ms an iteration of ResNet-18's
+#                              180 steps, measured with the kernels counted and not run
 COPY_SECONDS = 10e-6         # a cudaMemcpyAsync's host time
 
 PREFETCH_CHOICES = (1, 2, 3, 4, 6, 8)
@@ -75,12 +75,13 @@ class CostModel:
         """Typical rates: the ``cpu`` device of a small machine, or a GPU; the copy rate is the
         link's where one is modelled (and never above memory's). The GPU's are predicted from
         the kernels: FLOP/s the FP32 peak times the GEMM's FFMA share (``cuda_flops``), a step
-        its launches' host time (``LAUNCHES_PER_STEP x LAUNCH_SECONDS``)."""
+        its launches' host time and the executor's own (``LAUNCHES_PER_STEP x LAUNCH_SECONDS +
+        HOST_STEP_SECONDS``: 106 us)."""
         if kind == "cpu":
             flops, memory, copy, fixed = 40e9, 8 * GB, 6 * GB, (100e-6, 30e-6)
         else:
             flops, memory, copy = cuda_flops(), GPU_MEMORY, GPU_LINK
-            fixed = (LAUNCHES_PER_STEP * LAUNCH_SECONDS, COPY_SECONDS)
+            fixed = (LAUNCHES_PER_STEP * LAUNCH_SECONDS + HOST_STEP_SECONDS, COPY_SECONDS)
         # a GPU copies at the link's rate; the cpu device no faster than memory
         if link is not None:
             copy = link.bytes_per_second if kind == "cuda" else min(copy, link.bytes_per_second)
