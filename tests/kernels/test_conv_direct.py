@@ -92,10 +92,16 @@ def test_no_bias_and_lane_choice():
 
 
 def test_input_grad_pays_where_measured():
-    assert (conv_direct.input_grad_pays((16, 16, 3, 3))
-            and conv_direct.input_grad_pays((8, 64, 3, 3)))
-    assert not conv_direct.input_grad_pays((20, 1, 5, 5))      # LeNet conv1: one dx channel
-    assert not conv_direct.input_grad_pays((50, 20, 5, 5))     # LeNet conv2: 25 taps
+    assert (conv_direct.input_grad_pays((16, 16, 3, 3), 32 * 32)
+            and conv_direct.input_grad_pays((8, 64, 3, 3), 4 * 4))
+    assert not conv_direct.input_grad_pays((20, 1, 5, 5), 24 * 24)  # LeNet conv1: one channel
+    assert not conv_direct.input_grad_pays((50, 20, 5, 5), 8 * 8)   # LeNet conv2: 25 taps
+    # many channels on a small plane: im2col + GEMM (ResNet-50's last two stages); the same
+    # weights on a larger plane, or fewer channels on the same plane, stay direct
+    assert not conv_direct.input_grad_pays((512, 512, 3, 3), 7 * 7)
+    assert not conv_direct.input_grad_pays((256, 256, 3, 3), 14 * 14)
+    assert conv_direct.input_grad_pays((256, 256, 3, 3), 28 * 28)
+    assert conv_direct.input_grad_pays((128, 128, 3, 3), 7 * 7)
 
 
 def test_supports_float32_without_groups_only():

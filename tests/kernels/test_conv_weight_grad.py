@@ -102,7 +102,13 @@ def test_register_blocks_fit_and_one_by_one_declines():
         block = conv_weight_grad._block(rows * cols)
         assert block >= 1 and block * rows * cols + block + 1 <= conv_weight_grad.REGISTERS
     assert conv_weight_grad._group_rows((3, 3)) == 3 and conv_weight_grad._group_rows((5, 5)) == 1
-    assert conv_weight_grad.weight_grad_pays((16, 16, 3, 3))
-    assert conv_weight_grad.weight_grad_pays((20, 1, 5, 5))          # LeNet conv1
-    assert conv_weight_grad.weight_grad_pays((50, 20, 5, 5))         # LeNet conv2
-    assert not conv_weight_grad.weight_grad_pays((64, 16, 1, 1))
+    assert conv_weight_grad.weight_grad_pays((16, 16, 3, 3), 32 * 32)
+    assert conv_weight_grad.weight_grad_pays((20, 1, 5, 5), 24 * 24)          # LeNet conv1
+    assert conv_weight_grad.weight_grad_pays((50, 20, 5, 5), 8 * 8)           # LeNet conv2
+    assert not conv_weight_grad.weight_grad_pays((64, 16, 1, 1), 32 * 32)
+    # many channels on a small plane: im2col + GEMM (ResNet-50's last two stages); the same
+    # weights on ResNet-50's first stage's plane, or few channels, stay direct
+    assert not conv_weight_grad.weight_grad_pays((256, 256, 3, 3), 14 * 14)
+    assert not conv_weight_grad.weight_grad_pays((128, 128, 3, 3), 28 * 28)
+    assert conv_weight_grad.weight_grad_pays((256, 256, 3, 3), 56 * 56)
+    assert conv_weight_grad.weight_grad_pays((64, 64, 3, 3), 7 * 7)

@@ -197,6 +197,8 @@ DIRECT_CASES = {name: VARIANTS[name] for name in VARIANTS if name not in ("group
 DIRECT_CASES["16 channels"] = (dict(num_output=5, pad=1), (2, 16, 5, 6))   # a direct input grad
 # Samples in vector lanes: a strided input gradient, half a vector of samples or more.
 DIRECT_CASES["stride 2, 16 channels"] = (dict(num_output=3, stride=2, pad=1), (9, 16, 30, 32))
+# Many channels on a small plane: both gradients by im2col + GEMM (weight_grad.GEMM_WEIGHTS).
+DIRECT_CASES["many channels, small plane"] = (dict(num_output=256, pad=1), (2, 128, 4, 4))
 
 
 @pytest.mark.parametrize("name", DIRECT_CASES)
@@ -217,12 +219,14 @@ def test_float32_cpu_takes_the_direct_path(name, monkeypatch):
     params = {"weight": rng.standard_normal(layer.params()[0].shape), **random_bias(layer, rng)}
     dy = rng.standard_normal(layer.top_shapes[0])
     _, dx64, grads64 = forward_backward("cpu", conv(**options), x, dy, params)
+    plane = layer.top_shapes[0][2] * layer.top_shapes[0][3]
     im2col_dx = (layer.stride != (1, 1) or not conv_direct.input_grad_pays(
-        params["weight"].shape)) and not conv_input_grad.sample_lanes_pay(
+        params["weight"].shape, plane)) and not conv_input_grad.sample_lanes_pay(
         shape, params["weight"].shape, layer._geometry())
     real_backward = conv_cpu.conv_backward
 
-    im2col_dw = not conv_weight_grad.weight_grad_pays(params["weight"].shape)
+    im2col_dw = not conv_weight_grad.weight_grad_pays(params["weight"].shape, plane)
+    assert (im2col_dx and im2col_dw) == (name == "many channels, small plane")
 
     def no_im2col_input_grad(x_, dy_, weight, dx, dweight, dbias, *rest):
         assert dx is None or im2col_dx, "the input gradient should have been direct"

@@ -33,9 +33,7 @@ Otherwise the input is first copied, a chunk of samples at a time, into a layout
   ``xw[c, j, r, ow] = x_padded[c, r, ow * sw + j * dw]`` with rows exactly ``OW`` long, so output
   ``p = oh * OW + ow`` reads ``xw[c, j].flat[p + i * dh * OW]``: one vector spans output rows.
 
-Reading ``x`` itself saves the copy and reads a smaller, unpadded input (measured faster on a
-small ResNet layer's forward and backward kernels: docs/benchmarks.md, "Why the code chose").
-
+Reading ``x`` itself saves the copy and reads a smaller, unpadded input (measured faster).
 Every output is a sum in the same order (channel, then tap), whatever the threads do: results are
 deterministic, and equal to im2col + GEMM up to float32 rounding.
 """
@@ -419,12 +417,21 @@ def transposed_geometry(geometry):
     return kernel_size, stride, pad, dilation
 
 
-def input_grad_pays(weight_shape) -> bool:
+# Weights (output x input channels) from which im2col + GEMM makes an input gradient faster than
+# the transposed direct convolution, on output planes of at most GEMM_PLANE positions (measured).
+GEMM_WEIGHTS = 1 << 15
+GEMM_PLANE = 14 * 14
+
+
+def input_grad_pays(weight_shape, out_plane: int) -> bool:
     """Measured (``scripts/bench_kernels.py``; the figures in docs/benchmarks.md): the direct
     input gradient beats col2im for a small ResNet's 3x3 layers, and loses where ``dx`` has few
     channels (LeNet conv1's one: a single accumulator chain) or the taps are many (5x5: the ``kw``
-    copies of ``dy`` cost more than they save; ``input_grad``, samples in lanes, takes those)."""
-    return weight_shape[1] >= 16 and weight_shape[2] * weight_shape[3] <= 9
+    copies of ``dy`` cost more than they save; ``input_grad``, samples in lanes, takes those), or
+    where many channels meet a small plane (``GEMM_WEIGHTS``, ``GEMM_PLANE``)."""
+    out, channels, kh, kw = weight_shape
+    return channels >= 16 and kh * kw <= 9 and not (
+        out * channels >= GEMM_WEIGHTS and out_plane <= GEMM_PLANE)
 
 
 def conv_input_grad_direct(dy, weight, dx, work, geometry) -> bool:

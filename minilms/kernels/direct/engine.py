@@ -46,12 +46,12 @@ class DirectConvolution:
             self.elements = pointwise.workspace_elements(x_shape, out, out_h * out_w, chunk,
                                                          strided=(sh, sw) != (1, 1))
             return
-        self.dw_direct = weight_grad.weight_grad_pays(weight_shape)
+        self.dw_direct = weight_grad.weight_grad_pays(weight_shape, out_h * out_w)
         # the larger of the forward's and the weight gradient's prepared inputs (max_step 1),
         # and of dy's as the input of the transposed convolution where that path is taken
         x_sample = conv.padded_size(x_shape, *geometry, max_step=1)
         transposed = conv.transposed_geometry(geometry)
-        if transposed is not None and conv.input_grad_pays(weight_shape):
+        if transposed is not None and conv.input_grad_pays(weight_shape, out_h * out_w):
             self.dx_path = "direct"
         dy_sample = 0 if self.dx_path is None else \
             conv.padded_size((samples, out, out_h, out_w), *transposed)
