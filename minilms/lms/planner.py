@@ -42,7 +42,6 @@ the planner evicts after every step (0, the default, is Caffe's default: keep on
 step needs). ``policy: auto`` is computed in ``minilms.lms.cost``.
 """
 import gc
-import heapq
 from bisect import bisect_right
 from contextlib import contextmanager
 from dataclasses import replace
@@ -52,7 +51,9 @@ from ..errors import OutOfDeviceMemory, PlanError
 from ..net import Net, Step
 from ..sizes import format_bytes
 from .liveness import INFINITY, Liveness
+from .out_of_memory import demand_message, pinned_message
 from .plan import Action, Plan, Policy, Residents, StepPlan
+from .victims import Victims, cheapest_window
 
 
 def pinned_blobs(live: Liveness, policy: Policy) -> list[str]:
@@ -86,10 +87,7 @@ class _Planner:
         self.placed_at: dict[str, int] = {}      # name -> placement number: the resident order
         self.placements = 0
         self.placed_now: list[str] = []          # placed since the last release
-        self.heap: list[tuple] = []              # (-need, -nbytes, name, entry number)
-        self.entry: dict[str, int] = {}          # name -> its live heap entry's number
-        self.entries = 0
-        self.need: dict[str, float] = {}         # name -> its next need, as keyed in the heap
+        self.victims = Victims()                 # the movable ones, furthest next need first
         self.pinned_end = 0                      # pinned blobs fill [0, pinned_end)
         self.relocated = False
         self.dirty: set = set()
@@ -146,7 +144,8 @@ class _Planner:
                 try:
                     slot = self.pool.allocate(self.nbytes[name], name)
                 except OutOfDeviceMemory:
-                    raise PlanError(self._pinned_message()) from None
+                    raise PlanError(pinned_message(self.live, self.policy, self.pinned_names,
+                                                    self.pool.capacity)) from None
                 self._place(name, slot, -1)
                 load = name in self.live.persistent
                 prologue.append(self._action("swap_in" if load else "alloc", name))
@@ -165,28 +164,6 @@ class _Planner:
         self.placed_now = []
         self.pinned_end = max((slot.end for slot in self.resident.values()), default=0)
         return list(made[1])
-
-    def _pinned_message(self) -> str:
-        blobs = self.live.blobs
-        total = sum(align_up(blobs[n].nbytes) for n in self.pinned_names)
-        if not self.policy.enabled:   # name the step at which resident blobs outgrow the pool
-            seen, running = set(), 0
-            for step in self.live.steps:
-                for name in set(step.blobs) - seen:
-                    seen.add(name)
-                    running += align_up(blobs[name].nbytes)
-                if running > self.pool.capacity:
-                    break
-            return (f"out of device memory at step {step.index} ({step.name}): LMS off keeps "
-                    f"every blob resident, {format_bytes(running)} by this step and "
-                    f"{format_bytes(total)} for all {len(blobs)}, capacity "
-                    f"{format_bytes(self.pool.capacity)}: turn LMS on (lms.enabled) or raise "
-                    "device.memory")
-        return (f"out of device memory before the first step: blobs under min_swap_bytes "
-                f"({format_bytes(self.policy.min_swap_bytes)}) or kept by keep_state stay "
-                f"resident, {format_bytes(total)} for {len(self.pinned_names)} blobs, capacity "
-                f"{format_bytes(self.pool.capacity)}: lower lms.min_swap_bytes, set "
-                "lms.keep_state false, or raise device.memory")
 
     # -- one step -------------------------------------------------------------------------------
     def _demand(self, index: int, actions: list) -> None:
@@ -217,7 +194,8 @@ class _Planner:
             self.relocated = False
             if placements > 4 * len(names) or \
                     not self._allocate(name, index, working, actions, relocate=True):
-                error = PlanError(self._demand_message(index, name))
+                error = PlanError(demand_message(self.live, self.pinned_names, self.pool, index,
+                                                 name))
                 error.step = index     # which step did not fit: splitting it may make it fit
                 raise error
             actions.append(self._action("swap_in" if load else "alloc", name))
@@ -277,14 +255,14 @@ class _Planner:
         self.placed_now = []
         order, resident, pinned = self.placed_at, self.resident, self.pinned
         dead = []
-        needs, uses, keyed = self.live.needs, self.live.uses, self.need
+        needs, uses, keyed = self.live.needs, self.live.uses, self.victims.need
         for name in touched:
             if name in resident and name not in pinned:
                 need = needs[name][bisect_right(uses[name], index)]    # need_after, inlined
                 if need == INFINITY:
                     dead.append(name)
                 elif need != keyed[name]:
-                    self._key(name, need)
+                    self.victims.key(name, need, self.nbytes[name])
         for name in sorted(dead, key=order.__getitem__):   # in the resident order, as they are
             self._evict(name, index, actions, "dead")
         if self.pool.in_use <= self.soft:
@@ -294,11 +272,11 @@ class _Planner:
             keep |= self.live.working[ahead]
         skipped: list = []
         while self.pool.in_use > self.soft:
-            name = self._next_victim(keep, -1, skipped)
+            name = self.victims.next(keep, -1, skipped)
             if name is None:
                 break
             self._evict(name, index, actions, "soft limit")
-        self._restore(skipped)
+        self.victims.restore(skipped)
 
     def _epilogue(self, actions: list) -> None:
         last = self.live.n - 1
@@ -320,39 +298,8 @@ class _Planner:
         self.placed_now.append(name)
         if name not in self.pinned:
             self.movable[name] = slot
-            self._key(name, self.live.needs[name][bisect_right(self.live.uses[name], index)])
-
-    def _key(self, name: str, need: float) -> None:
-        """(Re-)enter ``name`` in the victims' heap with its next need; older entries of it
-        become stale (their number is no longer its entry's) and are skipped when popped."""
-        self.entries += 1
-        self.entry[name] = self.entries
-        self.need[name] = need
-        heapq.heappush(self.heap, (-need, -self.nbytes[name], name, self.entries))
-
-    def _next_victim(self, protect, victims_after: float, skipped: list) -> str | None:
-        """The evictable blob with the furthest next need (then the largest, then by name) if it
-        is needed after ``victims_after``, else None. Protected blobs popped on the way go to
-        ``skipped``, for ``_restore`` to put back once the caller is done evicting. The caller
-        evicts the blob returned before asking for the next one."""
-        heap, entry = self.heap, self.entry
-        while heap:
-            top = heap[0]
-            if entry.get(top[2]) != top[3]:
-                heapq.heappop(heap)           # stale: re-keyed since, or evicted
-                continue
-            if -top[0] <= victims_after:
-                return None
-            heapq.heappop(heap)
-            if top[2] in protect:
-                skipped.append(top)
-                continue
-            return top[2]
-        return None
-
-    def _restore(self, skipped: list) -> None:
-        for top in skipped:
-            heapq.heappush(self.heap, top)
+            need = self.live.needs[name][bisect_right(self.live.uses[name], index)]
+            self.victims.key(name, need, self.nbytes[name])
 
     def _allocate(self, name: str, index: int, protect: set, actions: list,
                   victims_after: float = -1, relocate: bool = False) -> bool:
@@ -370,17 +317,17 @@ class _Planner:
         while True:
             if slot is not None:
                 self._place(name, slot, index)
-                self._restore(skipped)
+                self.victims.restore(skipped)
                 return True
             if self.pool.capacity - self.pool.in_use >= size:
                 break                        # space enough, not in one piece
-            victim = self._next_victim(protect, victims_after, skipped)
+            victim = self.victims.next(protect, victims_after, skipped)
             if victim is None:
-                self._restore(skipped)
+                self.victims.restore(skipped)
                 return False
             self._evict(victim, index, actions, "furthest next use")
             slot = self.pool.try_allocate(nbytes, name, from_top=top)
-        self._restore(skipped)
+        self.victims.restore(skipped)
         window = self._window(nbytes, index, protect, victims_after)
         why = "contiguous space"
         if window is None and relocate:   # last resort: move the step's own blobs via the host
@@ -415,11 +362,10 @@ class _Planner:
             blocks.sort()
         else:
             blocks = self.pool.blocks()
-        working, needs, pinned, dirty = self.live.working[index], self.need, self.pinned, self.dirty
+        working, needs, pinned, dirty = self.live.working[index], self.victims.need, self.pinned, \
+            self.dirty
         lengths, costs = [], []
-        best = None
-        left, covered, cost = 0, 0, 0.0
-        for right, (_, length, name) in enumerate(blocks):
+        for _, length, name in blocks:
             if name is None:
                 block_cost = 0.0
             elif name in costly:
@@ -432,20 +378,10 @@ class _Planner:
                     else length * (2 if name in dirty else 1) / max(need - index, 1)
             lengths.append(length)
             costs.append(block_cost)
-            if block_cost == INFINITY:           # an unmovable blob: no window spans it
-                left, covered, cost = right + 1, 0, 0.0
-                continue
-            covered += length
-            cost += block_cost
-            while covered - lengths[left] >= size:   # drop blocks the window does not need
-                covered -= lengths[left]
-                cost -= costs[left]
-                left += 1
-            if covered >= size and (best is None or cost < best[0] - 1e-12):
-                best = (cost, left, right)
-        if best is None:
+        found = cheapest_window(lengths, costs, size, INFINITY)
+        if found is None:
             return None
-        _, left, right = best
+        left, right = found
         return blocks[left][0], [b[2] for b in blocks[left:right + 1] if b[2] is not None]
 
     def _evict(self, name: str, index: int, actions: list, why: str,
@@ -466,7 +402,7 @@ class _Planner:
                                    None, why))
         self.dirty.discard(name)
         self.device_valid.discard(name)
-        self.entry.pop(name, None)
+        self.victims.discard(name)
         self.movable.pop(name, None)
         if name in self.pinned:     # only relocation moves one: the bottom is no longer solid
             self.pinned_end = 0
@@ -509,20 +445,6 @@ class _Planner:
     def _action(self, kind: str, name: str, for_step: int | None = None) -> Action:
         slot = self.resident[name]
         return Action.make(kind, name, self.nbytes[name], slot.offset, slot.nbytes, for_step)
-
-    def _demand_message(self, index: int, name: str) -> str:
-        step = self.live.steps[index]
-        working = sum(align_up(self.live.blobs[b].nbytes) for b in set(step.blobs))
-        pinned = sum(align_up(self.live.blobs[b].nbytes) for b in self.pinned_names
-                     if b not in step.blobs)
-        fix = ("lower lms.min_swap_bytes, " if pinned else "") + \
-            "raise device.memory, or lower the batch size (or max_workspace)"
-        return (f"out of device memory at step {index} ({step.name}): its working set needs "
-                f"{format_bytes(working)} (placing {name}, "
-                f"{format_bytes(self.live.blobs[name].nbytes)})"
-                f"{f' beside {format_bytes(pinned)} pinned' if pinned else ''}, capacity "
-                f"{format_bytes(self.pool.capacity)}, largest free block "
-                f"{format_bytes(self.pool.stats().largest_free)}: {fix}")
 
 
 def make_plan(net: Net, steps: list[Step], capacity: int, policy: Policy = Policy(),
