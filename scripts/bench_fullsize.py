@@ -169,11 +169,20 @@ def run_worker(python, kind, case) -> dict:
 
 
 def torch_python(args):
+    """``(interpreter, None)`` for the PyTorch rows, or ``(None, why not)``. The PyTorch worker
+    builds the net with minilms' zoo, so that interpreter needs minilms' dependencies too (a
+    plain ``pip install -e .`` in its environment)."""
     if args.no_torch:
-        return None
+        return None, "--no-torch"
     python = args.torch_python or sys.executable
-    probe = subprocess.run([python, "-c", "import torch"], capture_output=True)
-    return python if probe.returncode == 0 else None
+    probe = subprocess.run([python, "-c", f"import torch, sys; sys.path.insert(0, {str(ROOT)!r});"
+                            " import minilms.zoo"], capture_output=True, text=True)
+    if probe.returncode == 0:
+        return python, None
+    if "No module named 'torch'" in probe.stderr:
+        return None, "--torch-python PATH, or pip install torch"
+    last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+    return None, f"{python} has torch, but minilms does not import there ({last}): pip install -e ."
 
 
 def parse_case(text):
@@ -238,12 +247,12 @@ def main(argv=None) -> int:
                                             "not even batch 1 fits this machine's memory"))
         if big:
             cases.append(dict(big, only_lms=True))
-    python = torch_python(args)
+    python, why_not = torch_python(args)
     rate = sgemm_rate(256 if args.smoke else 2048)
     print(f"bench_fullsize: {threads} threads each; numpy SGEMM {rate / 1e9:.0f} GFLOP/s (this "
           f"run); LMS on in 1/{args.pool_fraction} of LMS off's pool; best of {args.runs} runs "
           f"of {args.iters} iterations; PyTorch: "
-          + (python if python else "not run (--torch-python PATH, or pip install torch)"))
+          + (python if python else f"not run ({why_not})"))
     header = (f"{'case':22} {'row':12} {'s/iter':>7} {'img/s':>7} {'vs torch':>8} {'GFLOP/s':>8} "
               f"{'SGEMM':>6} {'peak RSS':>10} {'plan host':>10} {'RSS/plan':>8}")
     print(header + "\n(RSS/plan: peak RSS less the process's own after its imports, over the "

@@ -105,6 +105,26 @@ def test_bench_fullsize_smoke(capsys):
                          r"peak RSS over", out, re.M), out
 
 
+def test_bench_fullsize_says_why_pytorch_does_not_run(tmp_path):
+    """An interpreter without torch, and one with torch where minilms does not import (the
+    PyTorch worker builds its net with minilms' zoo): each named, with what to do."""
+    import argparse
+    fullsize = runpy.run_path(str(SCRIPTS / "bench_fullsize.py"))
+    pick = fullsize["torch_python"]
+    fakes = {"no_torch": "No module named 'torch'", "no_numba": "No module named 'numba'"}
+    for name, message in fakes.items():
+        fake = tmp_path / name
+        fake.write_text(f"#!/bin/sh\necho \"ModuleNotFoundError: {message}\" >&2\nexit 1\n")
+        fake.chmod(0o755)
+        python, why = pick(argparse.Namespace(no_torch=False, torch_python=str(fake)))
+        assert python is None
+        if name == "no_torch":
+            assert why == "--torch-python PATH, or pip install torch"
+        else:
+            assert str(fake) in why and "numba" in why and "pip install -e ." in why
+    assert pick(argparse.Namespace(no_torch=True, torch_python=None)) == (None, "--no-torch")
+
+
 def test_bench_cuda_smoke():
     """Its kernel sections under the simulator (tiny GEMM tiles, a few launches), in a process of
     its own: the smoke run shrinks the GEMM's tile constants for the whole process. The training
