@@ -16,8 +16,9 @@ copy) for anything else. To make room, the blob needed furthest in the future go
 there is space enough; if that space is in pieces (nothing moves once placed), the cheapest
 contiguous window of free space and evictable blobs is cleared; as a last resort, the step's own
 resident blobs are moved through the host (evicted and brought back elsewhere). Each eviction says
-why. Every action carries its pool offset, so the executor runs no allocator
-search; the device's pool checks each placement and would reject an overlap.
+why (the order and the window search: ``victims.py``). Every action carries its pool offset, so
+the executor runs no allocator search; the device's pool checks each placement and would reject
+an overlap.
 
 A blob's *need* is its next read or update before any overwrite: a blob whose next use writes it
 whole is dead until then, and is freed. Blobs that outlive the iteration (parameters, optimizer
