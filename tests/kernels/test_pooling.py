@@ -115,6 +115,28 @@ def test_max_pool_ties_go_to_first_and_nan_propagates():
     assert np.isnan(y[0, 0, 0, 0]) and arg[0, 0, 0, 0] == 5
 
 
+@pytest.mark.parametrize("h, w, k, s, p", [(5, 6, 3, 1, 1), (7, 8, (3, 2), (2, 1), (1, 0)),
+                                            (9, 9, (2, 3), 1, (1, 1)), (4, 20, 3, (1, 1), 0)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_kernel_is_the_per_output_kernel_bit_for_bit(h, w, k, s, p, dtype, monkeypatch):
+    """A horizontal stride of 1 takes the row-at-a-time forward: on inputs full of ties and with
+    NaNs, its maxima and argmax equal the per-output kernel's (the reference rule) exactly."""
+    rng = np.random.default_rng(h * w)
+    x = rng.integers(0, 3, (2, 5, h, w)).astype(dtype)      # ties everywhere
+    x[0, 0, 1, :] = np.nan
+    x[1, 2, ::2, 1::3] = np.nan
+    shape = out_shape(x, k, s, p, False)
+    y, arg = np.empty(shape, dtype), np.empty(shape, np.int32)
+    y_ref, arg_ref = np.empty_like(y), np.empty_like(arg)
+    geom = pl._geometry(x, y, k, s, p)
+    assert geom[3] == 1
+    pl.max_pool_forward_cpu(x, y_ref, arg_ref, geom)
+    monkeypatch.setattr(pl, "max_pool_forward_cpu", None)    # the rows kernel, or a failure
+    pl.max_pool_forward(x, y, arg, k, s, p)
+    np.testing.assert_array_equal(arg, arg_ref)
+    np.testing.assert_array_equal(y, y_ref)                   # NaN where NaN
+
+
 @pytest.mark.parametrize("h, w, k, s, p, ceil", [CONFIGS[1], CONFIGS[3], CONFIGS[5]])
 def test_backward_against_numerical_gradient(h, w, k, s, p, ceil):
     rng = np.random.default_rng(h + w)
