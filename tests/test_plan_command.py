@@ -70,7 +70,7 @@ def test_resnet152_on_a_16_gib_device_plans_as_before_in_a_second(capsys):
     other sizes, and ``auto``'s choice follows them (the planner's code did not change); and
     when the cost model gave copies a stream each way (issue 19): the same bytes moved, prefetch 1
     now predicted faster than 2; and when the 3x3 layers of the last two stages took im2col +
-    GEMM for their gradients on the cpu device (``weight_grad.GEMM_WEIGHTS``): their columns'
+    GEMM for their gradients on the cpu device (``weight_grad.DW_GEMM_WEIGHTS``): their columns'
     workspace, 2.70 GiB more for LMS off, a few MiB less moved, the same choice."""
     code, out, err = plan(capsys, CONFIGS[0].parent / "resnet152.yaml", "--summary",
                           "data.batch_size=256", "device.memory=16GiB", "device.kind=cpu")

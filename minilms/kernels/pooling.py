@@ -268,10 +268,11 @@ def max_pool_backward_cpu(dy, argmax, dx, geom):
 def max_pool_forward(x, y, argmax, kernel, stride=None, pad=0, stream=None):
     """``y[n,c,oh,ow] = max`` over the window; ``argmax`` (int32, like ``y``) records where.
     ``stride`` defaults to ``kernel``."""
-    args = (view(x, *x.shape), view(y, *y.shape), _argmax(argmax, y),
-            _geometry(x, y, kernel, stride, pad))
+    geom = _geometry(x, y, kernel, stride, pad)
+    args = (view(x, *x.shape), view(y, *y.shape), _argmax(argmax, y), geom)
     if on_cpu(x):
-        (max_pool_forward_rows_cpu if args[3][3] == 1 else max_pool_forward_cpu)(*args)
+        horizontal_stride = geom[3]
+        (max_pool_forward_rows_cpu if horizontal_stride == 1 else max_pool_forward_cpu)(*args)
     else:
         launch(max_pool_forward_cuda, *grid_1d(y.size), stream)(*args)
 

@@ -197,7 +197,7 @@ DIRECT_CASES = {name: VARIANTS[name] for name in VARIANTS if name not in ("group
 DIRECT_CASES["16 channels"] = (dict(num_output=5, pad=1), (2, 16, 5, 6))   # a direct input grad
 # Samples in vector lanes: a strided input gradient, half a vector of samples or more.
 DIRECT_CASES["stride 2, 16 channels"] = (dict(num_output=3, stride=2, pad=1), (9, 16, 30, 32))
-# Many channels on a small plane: both gradients by im2col + GEMM (weight_grad.GEMM_WEIGHTS).
+# Many channels on a small plane: both gradients by im2col + GEMM (weight_grad.DW_GEMM_WEIGHTS).
 DIRECT_CASES["many channels, small plane"] = (dict(num_output=256, pad=1), (2, 128, 4, 4))
 
 

@@ -418,9 +418,9 @@ def transposed_geometry(geometry):
 
 
 # Weights (output x input channels) from which im2col + GEMM makes an input gradient faster than
-# the transposed direct convolution, on output planes of at most GEMM_PLANE positions (measured).
-GEMM_WEIGHTS = 1 << 15
-GEMM_PLANE = 14 * 14
+# the transposed direct convolution, on output planes of at most DX_GEMM_PLANE positions (measured).
+DX_GEMM_WEIGHTS = 1 << 15
+DX_GEMM_PLANE = 14 * 14
 
 
 def input_grad_pays(weight_shape, out_plane: int) -> bool:
@@ -428,10 +428,10 @@ def input_grad_pays(weight_shape, out_plane: int) -> bool:
     input gradient beats col2im for a small ResNet's 3x3 layers, and loses where ``dx`` has few
     channels (LeNet conv1's one: a single accumulator chain) or the taps are many (5x5: the ``kw``
     copies of ``dy`` cost more than they save; ``input_grad``, samples in lanes, takes those), or
-    where many channels meet a small plane (``GEMM_WEIGHTS``, ``GEMM_PLANE``)."""
+    where many channels meet a small plane (``DX_GEMM_WEIGHTS``, ``DX_GEMM_PLANE``)."""
     out, channels, kh, kw = weight_shape
     return channels >= 16 and kh * kw <= 9 and not (
-        out * channels >= GEMM_WEIGHTS and out_plane <= GEMM_PLANE)
+        out * channels >= DX_GEMM_WEIGHTS and out_plane <= DX_GEMM_PLANE)
 
 
 def conv_input_grad_direct(dy, weight, dx, work, geometry) -> bool:
