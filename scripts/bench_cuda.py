@@ -4,6 +4,7 @@ start, and training throughput against PyTorch on the same GPU.
     python scripts/bench_cuda.py [--only env gemm launch start train] [--model resnet18]
                                  [--size 224] [--batches 32 64] [--iters 10] [--runs 3]
                                  [--warmup 2] [--pool-fraction 4] [--gemm-sizes 1024 4096]
+                                 [--max-workspace MIB [MIB ...]]
                                  [--no-torch] [--json FILE] [--smoke]
 
 Sections (``--only`` picks some; all by default):
@@ -28,6 +29,9 @@ Sections (``--only`` picks some; all by default):
   compared and ``--warmup`` more, ``--runs`` runs of ``--iters`` iterations each, contenders taking
   turns; each run ends synchronized (minilms' ``iterate`` does; PyTorch's step reads its loss).
   Rows: s/iteration, images/s, ratio to PyTorch, launches per iteration, the pool.
+  ``--max-workspace``: each convolution's ``max_workspace`` in MiB (the layer's default if not
+  given; several: the whole section once for each), which bounds how many samples' columns a
+  chunk holds, so the launches a step makes and the split-K weight gradients' blocks.
   ``--profile``: cProfile of LMS off (the host's time); ``--gpu-steps``: LMS off under the trace,
   each step's GPU time from CUDA events, by layer type and layer (the GPU's time).
 
@@ -48,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 LR, MOMENTUM = 0.01, 0.9
+MiB = 2**20
 SECTIONS = ("env", "gemm", "launch", "start", "train")
 
 
@@ -215,7 +220,9 @@ def section_launch(args, report):
 
 # -- the nets -------------------------------------------------------------------------------------
 
-def build(model, size, batch, classes=1000):
+def build(model, size, batch, classes=1000, max_workspace=None):
+    """``model``'s net on ``cuda`` and a seeded batch; ``max_workspace`` (bytes) for every
+    convolution if given."""
     import numpy as np
 
     from minilms import zoo
@@ -225,6 +232,9 @@ def build(model, size, batch, classes=1000):
     else:
         depth = int(model.removeprefix("resnet"))
         layers, channels = zoo.resnet(depth, num_classes=classes), 3
+    if max_workspace:
+        layers = [dict(layer, max_workspace=max_workspace) if layer["type"] == "Convolution"
+                  else layer for layer in layers]
     net = Net(layers, {"data": ((batch, channels, size, size), np.float32),
                        "label": ((batch,), np.int32)}, device_kind="cuda")
     rng = np.random.default_rng(0)
@@ -342,8 +352,9 @@ def section_train(args, report):
     from minilms.sizes import format_bytes
     torch = torch_or_none(args)
     rows, profiles = [], []
-    for batch in args.batches:
-        net, inputs = build(args.model, args.size, batch)
+    for batch, workspace in [(b, w) for w in args.max_workspace or [None] for b in args.batches]:
+        net, inputs = build(args.model, args.size, batch,
+                            max_workspace=workspace and workspace * MiB)
         contenders = []
         try:
             for lms in (False, True):
@@ -375,22 +386,24 @@ def section_train(args, report):
                 for contender in contenders:
                     contender.timed(args.iters)
             if args.profile:
-                profiles.append(profiled(contenders[-2].step, args.iters, batch))
+                profiles.append(profiled(contenders[-2].step, args.iters, batch, workspace))
             if args.gpu_steps:
-                profiles.append(gpu_step_times(contenders[-2], batch))
+                profiles.append(gpu_step_times(contenders[-2], batch, workspace))
         finally:
             for contender in contenders:
                 contender.close()
         base = contenders[0].best if torch is not None else None
         for contender in contenders:
-            row = {"batch": batch, "name": contender.name, "s_per_iter": contender.best,
+            row = {"batch": batch, "max_workspace_mib": workspace, "name": contender.name,
+                   "s_per_iter": contender.best,
                    "images_per_s": batch / contender.best, "first_s": contender.first,
                    "launches": contender.launches, "pool": contender.pool,
                    "losses": contender.losses}
             if base:
                 row["vs_torch"] = base / contender.best
             rows.append(row)
-        print(f"\n{args.model} {args.size}x{args.size}, batch {batch}:")
+        print(f"\n{args.model} {args.size}x{args.size}, batch {batch}"
+              + (f", max_workspace {workspace} MiB:" if workspace else ":"))
         print(f"  {'':44} {'s/iter':>8} {'img/s':>8} {'vs torch':>8} {'launches':>8} "
               f"{'pool':>10} {'first':>7}")
         for row in rows[-len(contenders):]:
@@ -410,7 +423,7 @@ def section_train(args, report):
     report["train"] = rows
 
 
-def gpu_step_times(contender, batch, iterations=3) -> str:
+def gpu_step_times(contender, batch, workspace, iterations=3) -> str:
     """minilms LMS off under the trace: each step's GPU time from CUDA events on the compute
     stream, by layer type and by layer (``python -m minilms.trace RUN --table``'s tables)."""
     from minilms.trace.record import record
@@ -418,10 +431,15 @@ def gpu_step_times(contender, batch, iterations=3) -> str:
         for _ in range(iterations):
             contender.step()
     return (f"\n== GPU time per step (CUDA events), minilms LMS off, batch {batch}, "
-            f"{iterations} iterations ==\n" + trace.summary(table=True, top=25))
+            f"{iterations} iterations{workspaced(workspace)} ==\n"
+            + trace.summary(table=True, top=25))
 
 
-def profiled(step, iters, batch) -> str:
+def workspaced(mib) -> str:
+    return f", max_workspace {mib} MiB" if mib else ""
+
+
+def profiled(step, iters, batch, workspace) -> str:
     """minilms LMS off under cProfile for ``iters`` iterations: the top functions by their own
     time and by cumulative time (where the host's time per iteration goes)."""
     import cProfile
@@ -434,7 +452,8 @@ def profiled(step, iters, batch) -> str:
     profiler.disable()
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
-    out.write(f"\n== profile, minilms LMS off, batch {batch}, {iters} iterations ==\n")
+    out.write(f"\n== profile, minilms LMS off, batch {batch}, {iters} iterations"
+              f"{workspaced(workspace)} ==\n")
     stats.sort_stats("tottime").print_stats(30)
     stats.sort_stats("cumulative").print_stats(40)
     return out.getvalue()
@@ -464,6 +483,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3, help="iterations whose losses are printed")
     p.add_argument("--pool-fraction", type=int, default=4, help="LMS on: pool = LMS off / this")
     p.add_argument("--gemm-sizes", type=int, nargs="+", default=[1024, 4096])
+    p.add_argument("--max-workspace", type=int, nargs="+", metavar="MIB",
+                   help="train: each convolution's max_workspace, MiB (several: one pass each)")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--profile", action="store_true", help="train: cProfile of minilms LMS off")
     p.add_argument("--gpu-steps", action="store_true",

@@ -13,9 +13,11 @@ from minilms import events, trace
 from minilms.commands.common import run
 from minilms.device import make_device
 from minilms.lms import LmsExecutor, Policy, ResidentExecutor, make_plan
+from minilms.net import Net
 from minilms.solver import SGD
 from minilms.trace.command import main as command_main
 
+from .layers.conftest import small_gemm_tile  # noqa: F401  (a fixture: small tiles in the simulator)
 from .test_executor import batch
 from .test_trace import SMALL_CNN, make_net
 
@@ -372,3 +374,40 @@ def test_a_lone_iteration_is_counted_warm_up_included_and_says_so():
                 ["conv1", "Convolution", "195.312", "23.438", "1.953", "220.703", "68.9%"],
                 ["Convolution", "2", "234.375", "52.734", "3.906", "291.016", "90.9%"]):
         assert row in lines, row
+
+
+@pytest.mark.cuda
+@pytest.mark.usefixtures("small_gemm_tile")
+def test_on_cuda_every_step_is_timed_by_device_events():
+    """On ``cuda`` a step's time comes from CUDA events read after the iteration synchronized
+    (``bench_cuda.py --gpu-steps`` ranks kernels by it): every step of every iteration gets one
+    kernel event on the compute stream in step order, and the time tables add up as on the cpu
+    device; on a GPU the steps' times also follow one another inside the iteration's wall time
+    (the simulator's events keep no time)."""
+    from .conftest import CUDA_SIMULATED
+    from .devices import new_device
+    inputs = batch(2, 3, 8, classes=4)
+    net = Net(SMALL_CNN, {k: (v.shape, v.dtype) for k, v in inputs.items()}, device_kind="cuda")
+    with new_device("cuda", 2**20) as device:
+        executor = LmsExecutor(net, device, SGD(0.1, momentum=0.9), Policy(prefetch=1))
+        executor.iterate(inputs)
+        with trace.record(executor=executor) as tr:
+            for _ in range(2):
+                executor.iterate(inputs)
+    steps = len(executor.plan.steps)
+    kernels = [e for e in tr.events if e.kind == "kernel"]
+    iterations = [e for e in tr.events if e.kind == "iteration"]
+    assert len(iterations) == 2 and len(kernels) == 2 * steps
+    for n, it in enumerate(iterations):
+        mine = kernels[n * steps:(n + 1) * steps]
+        assert [e.detail["step"] for e in mine] == list(range(steps))
+        assert all(e.detail["stream"] == "compute" for e in mine)
+        if CUDA_SIMULATED:      # the simulator's events keep no time (elapsed_time is -1.0)
+            continue
+        for earlier, later in zip(mine, mine[1:]):
+            assert earlier.detail["start"] <= earlier.detail["end"] <= later.detail["start"]
+        assert it.detail["start"] <= mine[0].detail["start"] <= mine[-1].detail["end"] \
+            <= it.detail["end"]
+    layers, phase = tr.time_table(), tr.time_by_phase()
+    assert sum(r.forward + r.backward + r.update for r in layers) == pytest.approx(phase.steps)
+    assert "time by layer type" in tr.summary(table=True)

@@ -33,11 +33,11 @@ import numba
 import numpy as np
 from numba import cuda, float32, uint32
 
-from .common import grid_1d, launch, view
+from .common import launch, view
 from .registry import cuda_kernel, on_cpu
 
-__all__ = ["gemm", "gemm_batched", "split_k", "sum_splits", "GEMM_KERNELS", "BM", "BN", "BK", "TM",
-           "TN", "THREADS"]
+__all__ = ["gemm", "gemm_batched", "k_span", "GEMM_KERNELS", "K_SPLIT_KERNELS", "BM", "BN", "BK",
+           "TM", "TN", "THREADS"]
 
 # The tile shape. Module constants, so the kernel sees them as compile-time constants (loops over
 # TM/TN unroll and `acc` lives in registers); the simulator reads them at run time, which lets the
@@ -109,16 +109,17 @@ def _spot(load, fast, slow, transposed, is_a):
 
 
 @cuda.jit(device=True, inline="always")
-def _fetch(x, at, k0, r0, fast, slow, r_size, k_size, transposed, is_a, into):
+def _fetch(x, at, k0, r0, fast, slow, r_size, k_size, k_end, transposed, is_a, into):
     """This thread's elements of the ``BK``-deep slice from ``k0`` of operand ``x`` (``a`` or
-    ``b``, the sample from element ``at``) into registers; zeros outside the matrix, so the
-    compute needs no bounds checks. ``r`` is m for ``a``, n for ``b``."""
+    ``b``, the sample from element ``at``) into registers; zeros outside the matrix or past
+    ``k_end`` (the end of the block's span of K), so the compute needs no bounds checks. ``r`` is
+    m for ``a``, n for ``b``; ``k_size`` is K, which strides the rows."""
     for load in range(into.size):
         kk, rr = _spot(load, fast, slow, transposed, is_a)
         r = uint32(r0 + rr)
         k = uint32(k0 + kk)
         value = float32(0.0)
-        if r < r_size and k < k_size:
+        if r < r_size and k < k_end:
             # a: [M, K] or, transposed, [K, M]; b: [K, N] or, transposed, [N, K]
             if transposed == is_a:
                 value = x[at + uint32(k * r_size + r)]
@@ -135,21 +136,27 @@ def _stage(values, tile, fast, slow, transposed, is_a):
         tile[kk, rr] = values[load]
 
 
-def _gemm_kernel(trans_a, trans_b):
-    """The kernel for one transpose combination, registered as ``gemm.gemm_<nn|nt|tn|tt>``.
+def _gemm_kernel(trans_a, trans_b, k_split=False):
+    """The kernel for one transpose combination, registered as ``gemm.gemm_<nn|nt|tn|tt>``, and
+    with ``k_split`` as ``gemm.gemm_<..>_k_split``: each block sums a span of K only.
 
     The flags are closure constants, so each kernel is compiled with only its own index math: with
-    runtime flags both load paths' addresses stay live across the K loop.
+    runtime flags both load paths' addresses stay live across the K loop. Without ``k_split`` the
+    span is all of K, one value that both bounds K and strides the rows: measured on an H200, a
+    span bound apart from the stride costs the kernel about 10% (a 4096 GEMM 40 -> 36 TFLOP/s),
+    so only the split-K weight gradients pay it.
     """
-    def kernel(a, b, c, m_size, n_size, k_size, a_step, b_step, per, alpha, beta):
+    def kernel(a, b, c, m_size, n_size, k_size, a_step, b_step, per, k_parts, k_span, alpha,
+               beta):
         """One ``BM x BN`` tile of ``c[z]`` per block, ``THREADS`` threads (1-D) per block.
 
         Grid: ``(ceil(N / BN), ceil(M / BM), batch of c)``. The operands come flat (C order):
         sample ``s`` of ``a`` is ``[M, K]`` (``[K, M]`` if ``trans_a``) from element
         ``s * a_step``, of ``b`` ``[K, N]`` (``[N, K]`` if ``trans_b``) from ``s * b_step`` (a
-        step of 0: one sample serves all). Block z sums the samples ``z * per`` to
-        ``z * per + per - 1`` into ``c[z]``. Both tiles are stored k-major: ``a_tile[k, m]``,
-        ``b_tile[k, n]``.
+        step of 0: one sample serves all). With ``z = g * k_parts + j``, block z sums the
+        samples ``g * per`` to ``g * per + per - 1`` over the j-th ``k_span`` of K into ``c[z]``
+        (one part, ``k_span >= K``: the whole of K). Both tiles are stored k-major:
+        ``a_tile[k, m]``, ``b_tile[k, n]``.
 
         Indices are unsigned (the launcher checks that a sample's offsets fit 32 bits): the
         compiler then knows they are never negative, numba's wrap-around of negative indices
@@ -169,6 +176,14 @@ def _gemm_kernel(trans_a, trans_b):
         m0 = uint32(cuda.blockIdx.y) * uint32(BM)
         n0 = uint32(cuda.blockIdx.x) * uint32(BN)
         z = uint32(cuda.blockIdx.z)
+        if k_split:
+            group = z // k_parts
+            k_begin = (z % k_parts) * k_span
+            k_end = min(k_size, k_begin + k_span)
+        else:
+            group = z
+            k_begin = uint32(0)
+            k_end = k_size
         zero = float32(0.0)
         # where this thread loads from (``_spot``)
         a_fast = tid % uint32(BM if trans_a else BK)
@@ -180,26 +195,27 @@ def _gemm_kernel(trans_a, trans_b):
             for j in range(TN):
                 acc[i, j] = zero
 
-        for s in range(z * per, z * per + per):
+        for s in range(group * per, group * per + per):
             a_at = s * a_step       # where this sample's operands start
             b_at = s * b_step
             # Double-buffered: the next slice is fetched into registers before this one is
             # computed (its global loads in flight under 512 FMAs), and staged into the other
-            # shared buffer after: one barrier a slice. Slice 0 is staged first.
-            _fetch(a, a_at, uint32(0), m0, a_fast, a_slow, m_size, k_size, trans_a, True, a_next)
-            _fetch(b, b_at, uint32(0), n0, b_fast, b_slow, n_size, k_size, trans_b, False,
+            # shared buffer after: one barrier a slice. The span's first slice is staged first.
+            _fetch(a, a_at, k_begin, m0, a_fast, a_slow, m_size, k_size, k_end, trans_a, True,
+                   a_next)
+            _fetch(b, b_at, k_begin, n0, b_fast, b_slow, n_size, k_size, k_end, trans_b, False,
                    b_next)
             _stage(a_next, a_tiles[0], a_fast, a_slow, trans_a, True)
             _stage(b_next, b_tiles[0], b_fast, b_slow, trans_b, False)
             cuda.syncthreads()
             cur = 0
-            for k0 in range(0, k_size, BK):
+            for k0 in range(k_begin, k_end, BK):
                 k1 = uint32(k0 + BK)
-                if k1 < k_size:
-                    _fetch(a, a_at, k1, m0, a_fast, a_slow, m_size, k_size, trans_a, True,
+                if k1 < k_end:
+                    _fetch(a, a_at, k1, m0, a_fast, a_slow, m_size, k_size, k_end, trans_a, True,
                            a_next)
-                    _fetch(b, b_at, k1, n0, b_fast, b_slow, n_size, k_size, trans_b, False,
-                           b_next)
+                    _fetch(b, b_at, k1, n0, b_fast, b_slow, n_size, k_size, k_end, trans_b,
+                           False, b_next)
                 a_tile, b_tile = a_tiles[cur], b_tiles[cur]
                 # unrolled by hand, eight steps of k at a time: the compiler leaves a loop
                 # whose body is 64 FMAs rolled, and its counter and addresses then cost a
@@ -214,7 +230,7 @@ def _gemm_kernel(trans_a, trans_b):
                     _outer_product(a_tile, b_tile, kk + 6, ty, tx, acc, a_frag, b_frag)
                     _outer_product(a_tile, b_tile, kk + 7, ty, tx, acc, a_frag, b_frag)
                 cur = 1 - cur
-                if k1 < k_size:     # into the buffer everyone finished reading a slice ago
+                if k1 < k_end:      # into the buffer everyone finished reading a slice ago
                     _stage(a_next, a_tiles[cur], a_fast, a_slow, trans_a, True)
                     _stage(b_next, b_tiles[cur], b_fast, b_slow, trans_b, False)
                 cuda.syncthreads()
@@ -232,9 +248,11 @@ def _gemm_kernel(trans_a, trans_b):
                         else:
                             c[at] = alpha * acc[i, j] + beta * c[at]
 
-    kernel.__name__ = kernel.__qualname__ = "gemm_" + "nt"[trans_a] + "nt"[trans_b]
+    kernel.__name__ = kernel.__qualname__ = \
+        "gemm_" + "nt"[trans_a] + "nt"[trans_b] + ("_k_split" if k_split else "")
     return cuda_kernel("void(float32[::1], float32[::1], float32[::1], uint32, uint32, uint32, "
-                       "uint32, uint32, uint32, float32, float32)", block=THREADS)(kernel)
+                       "uint32, uint32, uint32, uint32, uint32, float32, float32)",
+                       block=THREADS)(kernel)
 
 
 # The least share of FFMA among the sm_90 SASS instructions of the four variants' inner loops
@@ -254,6 +272,8 @@ def source_digest() -> str:
 
 # Indexed by (trans_a, trans_b), as BLAS does it: one kernel per transpose combination.
 GEMM_KERNELS = {(ta, tb): _gemm_kernel(ta, tb) for ta in (False, True) for tb in (False, True)}
+# K split into spans: the weight gradients' ``grad @ cols^T`` (a convolution's, a 1x1's).
+K_SPLIT_KERNELS = {(False, True): _gemm_kernel(False, True, k_split=True)}
 
 
 def gemm(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, stream=None):
@@ -274,34 +294,49 @@ def gemm(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, stream=None
     return c
 
 
-def gemm_batched(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, stream=None):
+def gemm_batched(a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, stream=None,
+                 k_parts=1):
     """``c[z] = alpha * sum_s op(a[s]) @ op(b[s]) + beta * c[z]`` over 3-D ``[batch, rows, cols]``
     arrays, in place; returns ``c``.
 
     An operand with a batch of 1 serves every sample. ``c``'s batch is the samples' (one product
     each), 1 (their sum: ``s`` runs over the whole batch), or a divisor of it (``c[z]`` sums
     samples ``z * per`` to ``z * per + per - 1``, ``per = samples / batch of c``: a split-K
-    sum's partials, for ``sum_splits``). Otherwise as ``gemm``.
+    sum's partials, for ``split_k.sum_splits``). ``k_parts`` splits K too: ``c``'s batch is then
+    ``groups * k_parts`` and ``c[g * k_parts + j]`` sums group ``g``'s samples over the j-th
+    span of K (``k_span``: whole slices of ``BK``; a span past K sums nothing). Otherwise as
+    ``gemm``.
     """
     if a.ndim != 3 or b.ndim != 3 or c.ndim != 3:
         raise ValueError(f"gemm_batched needs 3-D arrays, got {a.ndim}-D, {b.ndim}-D, {c.ndim}-D")
     samples = max(a.shape[0], b.shape[0])
-    if any(x.shape[0] not in (1, samples) for x in (a, b)) or samples % c.shape[0]:
+    groups = c.shape[0] // k_parts if k_parts >= 1 and c.shape[0] % k_parts == 0 else 0
+    if any(x.shape[0] not in (1, samples) for x in (a, b)) or not groups or samples % groups:
         raise ValueError(f"gemm_batched batches do not match: a {a.shape[0]}, b {b.shape[0]}, "
-                         f"c {c.shape[0]} (a and b: the batch, or 1; c: a divisor of it)")
+                         f"c {c.shape[0]}, k_parts {k_parts} (a and b: the batch, or 1; c: "
+                         "k_parts times a divisor of it)")
     m, n, k = _check_shapes(a, b, c, trans_a, trans_b, batched=True)
     if _placed(a, b, c):
         op_a = a.transpose(0, 2, 1) if trans_a else a
         op_b = b.transpose(0, 2, 1) if trans_b else b
-        product = np.matmul(op_a, op_b)
-        if c.shape[0] < samples:        # each c[z] sums samples / c.shape[0] of them
-            product = product.reshape(c.shape[0], -1, *product.shape[1:]).sum(
-                axis=1, dtype=c.dtype)
-        c[...] = alpha * product + (beta * c if beta else 0)
+        span = k_span(k, k_parts)
+        product = np.matmul(op_a, op_b)[:, None] if k_parts == 1 else np.stack(
+            [np.matmul(op_a[:, :, j * span:(j + 1) * span], op_b[:, j * span:(j + 1) * span])
+             for j in range(k_parts)], axis=1)         # [samples, k_parts, m, n]
+        if groups < samples:        # each c[g * k_parts + j] sums samples / groups of them
+            product = product.reshape(groups, -1, k_parts, m, n).sum(axis=1, dtype=c.dtype)
+        c[...] = alpha * product.reshape(c.shape) + (beta * c if beta else 0)
         return c
     if m and n:
-        _launch(a, b, c, m, n, trans_a, trans_b, alpha, beta, stream)
+        _launch(a, b, c, m, n, trans_a, trans_b, alpha, beta, stream, k_parts)
     return c
+
+
+def k_span(k: int, k_parts: int) -> int:
+    """The depth of K each of ``k_parts`` parts sums: K shared out in whole slices of ``BK``."""
+    if k_parts == 1:
+        return max(k, 1)
+    return -(-k // (k_parts * BK)) * BK
 
 
 def _placed(a, b, c) -> bool:
@@ -320,7 +355,7 @@ def _placed(a, b, c) -> bool:
     return False
 
 
-def _launch(a, b, c, m, n, trans_a, trans_b, alpha, beta, stream):
+def _launch(a, b, c, m, n, trans_a, trans_b, alpha, beta, stream, k_parts=1):
     grid = ((n + BN - 1) // BN, (m + BM - 1) // BM, c.shape[0])
     if grid[1] > 65535 or grid[2] > 65535:  # CUDA's limits on gridDim.y and z
         raise ValueError(f"gemm on CUDA: M = {m} needs {grid[1]} row tiles of {BM} and "
@@ -333,11 +368,15 @@ def _launch(a, b, c, m, n, trans_a, trans_b, alpha, beta, stream):
                          "elements or more (its indices are 32-bit)")
     samples = max(a.shape[0], b.shape[0])
     steps = [x.shape[1] * x.shape[2] if x.shape[0] > 1 else 0 for x in (a, b)]
-    kernel = GEMM_KERNELS[bool(trans_a), bool(trans_b)]
+    kernels = K_SPLIT_KERNELS if k_parts > 1 else GEMM_KERNELS
+    if (bool(trans_a), bool(trans_b)) not in kernels:
+        raise ValueError("gemm on CUDA splits K for trans_b alone (a weight gradient's "
+                         f"grad @ cols^T), not trans_a={trans_a}, trans_b={trans_b}")
+    kernel = kernels[bool(trans_a), bool(trans_b)]
     launch(kernel, grid, THREADS, stream)(
         *(view(x, x.size) for x in (a, b, c)), np.uint32(m), np.uint32(n), np.uint32(k),
-        *map(np.uint32, steps), np.uint32(samples // c.shape[0]), np.float32(alpha),
-        np.float32(beta))
+        *map(np.uint32, steps), np.uint32(samples * k_parts // c.shape[0]),
+        np.uint32(k_parts), np.uint32(k_span(k, k_parts)), np.float32(alpha), np.float32(beta))
 
 
 def _check_shapes(a, b, c, trans_a, trans_b, batched=False):
@@ -373,59 +412,3 @@ def _gemm_cpu(a, b, c, trans_a, trans_b, alpha, beta):
     if beta != 1:
         c *= beta
     c += product
-
-
-# -- split-K: a summed product's partial sums, reduced in order -----------------------------------
-# A summed product (a weight gradient over a chunk of samples) of a small [M, N] has few tiles:
-# 5 blocks of 128x128 for a 64x576 gradient, on a GPU of 132 SMs. Split over the samples, each
-# block sums a share of them into its own partial, and ``sum_splits`` adds the partials in order:
-# deterministic, no atomics.
-SPLIT_K_BLOCKS = 264     # two blocks per SM of an H100 (132 SMs): what a summed product should fill
-
-
-def split_k(m: int, n: int, samples: int, most: int | None = None) -> int:
-    """How many partial sums (the batch of ``c`` in ``gemm_batched``) give a product of ``[m, n]``
-    summed over ``samples`` enough blocks to fill a GPU: 1 when its tiles alone do; otherwise a
-    divisor of ``samples`` (each block sums ``samples / splits`` of them), at most ``most``."""
-    tiles = -(-m // BM) * -(-n // BN)
-    want = min(samples, -(-SPLIT_K_BLOCKS // tiles), most or samples)
-    if tiles >= SPLIT_K_BLOCKS // 2 or want < 2:
-        return 1
-    return max(d for d in range(1, want + 1) if samples % d == 0)
-
-
-@cuda_kernel("void(float32[::1], float32[::1], uint32, float32)")
-def sum_splits_cuda(parts, out, splits, beta):
-    n = out.size
-    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
-        acc = parts[i]
-        for z in range(1, splits):
-            acc += parts[z * n + i]
-        if beta != 0:
-            acc += beta * out[i]
-        out[i] = acc
-
-
-def _sum_splits_cpu(parts, out, beta):
-    acc = parts[0].copy()
-    for z in range(1, parts.shape[0]):      # in order, as the kernel sums
-        acc += parts[z]
-    if beta != 0:
-        acc += beta * out
-    out[...] = acc
-
-
-def sum_splits(parts, out, beta=0.0, stream=None):
-    """``out = sum_z parts[z] (+ beta * out)``, ``z`` in order (``beta == 0``: ``out`` not read):
-    the partial sums of a split-K ``gemm_batched``, ``parts`` ``[splits, ...]`` of ``out``'s
-    size each."""
-    splits = parts.shape[0]
-    if parts.size != splits * out.size:
-        raise ValueError(f"sum_splits: parts {tuple(parts.shape)} are not {splits} of out "
-                         f"{tuple(out.shape)}")
-    o = view(out, out.size)
-    if on_cpu(out):
-        _sum_splits_cpu(view(parts, splits, out.size), o, beta)
-    elif o.size:
-        launch(sum_splits_cuda, *grid_1d(o.size), stream)(
-            view(parts, parts.size), o, np.uint32(splits), np.float32(beta))

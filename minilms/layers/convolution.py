@@ -57,6 +57,8 @@ only the split-K partial sums), no cpu chunks;
 engine's workspace; otherwise, and for a layer set up for either (None), enough for every path.
 A layer run on a device it was not sized for fails with an error that says so, never silently.
 """
+import math
+
 import numpy as np
 
 from ..kernels import conv_cpu, on_cpu
@@ -64,8 +66,9 @@ from ..kernels.channel_bias import add_channel_bias, channel_sums
 from ..kernels.common import span, view
 from ..kernels.direct import DirectConvolution
 from ..kernels.elementwise import fill, slice_copy
-from ..kernels.gemm import gemm, gemm_batched, split_k, sum_splits
+from ..kernels.gemm import gemm, gemm_batched
 from ..kernels.im2col import col2im, col2im_batch, conv_out_size, im2col, im2col_batch
+from ..kernels.split_k import split_k, sum_splits
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
 from .recompute import Recompute
 from .split import ACCUMULATE, Pass, Phase, SplitRule, samples
@@ -170,7 +173,7 @@ class Convolution(Layer):
             and self.kernel_size == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
         if self.pointwise_cuda:     # the input is the columns: room for split-K partials only
             self.chunk, self.band_rows, self.staged, self.partials = 0, self.out_h, False, 0
-            splits = split_k(self.num_output, self.k, shape[0])
+            splits = math.prod(split_k(self.num_output, self.k, shape[0], plane))
             if splits > 1 and splits * self.num_output * self.k <= budget:
                 self.partials = splits * self.num_output * self.k
             self.elements = max(1, self.partials)
@@ -195,21 +198,23 @@ class Convolution(Layer):
     def _cuda_columns(self, n_samples: int, budget: int) -> int:
         """Elements for as many samples' columns as fit the budget, and after them the weight
         gradient's split-K partial sums (``partials``) where its own tiles would leave a GPU idle
-        (``gemm.split_k``): those come out of the columns' budget."""
-        per = self.k * self.out_h * self.out_w
+        (``split_k.split_k``): those come out of the columns' budget."""
+        plane = self.out_h * self.out_w
+        per = self.k * plane
         fit = min(n_samples, budget // per)
-        splits = split_k(self.num_output, self.k, fit)
+        splits = math.prod(split_k(self.num_output, self.k, fit, plane))
         partials = splits * self.num_output * self.k if splits > 1 else 0
         if (budget - partials) // per >= 1:
             self.partials = partials
             fit = min(n_samples, (budget - partials) // per)
         return fit * per + self.partials
 
-    def _dw_splits(self, n_samples: int) -> int:
-        """The weight gradient's partial sums for a chunk of ``n_samples`` (1: none)."""
+    def _dw_splits(self, n_samples: int) -> tuple[int, int]:
+        """The weight gradient's split-K for a chunk of ``n_samples``: ``(groups, k_parts)``,
+        ``(1, 1)``: none."""
         if not self.partials:
-            return 1
-        return split_k(self.num_output, self.k, n_samples,
+            return 1, 1
+        return split_k(self.num_output, self.k, n_samples, self.out_h * self.out_w,
                        most=self.partials // (self.num_output * self.k))
 
     # -- declarations --------------------------------------------------------------------------
@@ -331,15 +336,17 @@ class Convolution(Layer):
 
     def _weight_grad(self, grad, cols, dweight, beta, flat, stream):
         """``dweight (+)= sum over the chunk of grad[s] @ cols[s]^T``: one GEMM that sums the
-        samples, or (``_dw_splits``) partial sums over shares of them, then their ordered sum."""
-        splits, size = self._dw_splits(grad.shape[0]), self.num_output * self.k
+        samples, or (``_dw_splits``) partial sums over shares of them and of each one's plane,
+        then their ordered sum."""
+        groups, k_parts = self._dw_splits(grad.shape[0])
+        splits, size = groups * k_parts, self.num_output * self.k
         if splits == 1:
             gemm_batched(grad, cols, view(dweight, 1, self.num_output, self.k), trans_b=True,
                          beta=beta, stream=stream)
             return
         end = self.elements
         parts = view(span(flat, end - splits * size, end), splits, self.num_output, self.k)
-        gemm_batched(grad, cols, parts, trans_b=True, stream=stream)
+        gemm_batched(grad, cols, parts, trans_b=True, stream=stream, k_parts=k_parts)
         sum_splits(parts, dweight, beta, stream)
 
     def forward(self, io):

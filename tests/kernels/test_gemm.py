@@ -169,17 +169,27 @@ def batched_operands(batches, m, n, k, trans_a, trans_b, seed=0):
     return a, b, c
 
 
-def naive_batched(a, b, c, trans_a, trans_b, alpha, beta):
-    """Sample by sample with the 2-D ``gemm``: a product per sample, or their sum."""
+def naive_batched(a, b, c, trans_a, trans_b, alpha, beta, k_parts=1, span=None):
+    """Sample by sample with the 2-D ``gemm``: a product per sample, or their sum; with
+    ``k_parts``, the product of each ``span`` of K apart (``c[g * k_parts + j]``: group g's
+    samples over the j-th span), in float64 numpy."""
     samples = max(a.shape[0], b.shape[0])
     products = []
     for s in range(samples):
-        out = np.zeros(c.shape[1:], np.float64)
-        gemm(a[min(s, a.shape[0] - 1)].astype(np.float64),
-             b[min(s, b.shape[0] - 1)].astype(np.float64), out, trans_a, trans_b)
-        products.append(out)
-    per = samples // c.shape[0]          # c[z] sums samples z * per .. z * per + per - 1
-    total = np.stack([sum(products[z * per:(z + 1) * per]) for z in range(c.shape[0])])
+        a_s = a[min(s, a.shape[0] - 1)].astype(np.float64)
+        b_s = b[min(s, b.shape[0] - 1)].astype(np.float64)
+        if k_parts == 1:
+            out = np.zeros(c.shape[1:], np.float64)
+            gemm(a_s, b_s, out, trans_a, trans_b)
+            products.append([out])
+            continue
+        op_a, op_b = (a_s.T if trans_a else a_s), (b_s.T if trans_b else b_s)
+        products.append([op_a[:, j * span:(j + 1) * span] @ op_b[j * span:(j + 1) * span]
+                         for j in range(k_parts)])
+    groups = c.shape[0] // k_parts
+    per = samples // groups        # c[g * k_parts + j] sums samples g * per .. g * per + per - 1
+    total = np.stack([sum(products[s][j] for s in range(g * per, (g + 1) * per))
+                      for g in range(groups) for j in range(k_parts)])
     return alpha * total + beta * c
 
 
@@ -198,11 +208,37 @@ def test_batched_cpu_matches_sample_by_sample(batches, trans_a, trans_b):
     np.testing.assert_allclose(c, expected, rtol=1e-5, atol=1e-5)
 
 
+# (a's batch, b's batch, sample groups, k_parts): each sample's K split too (split-K where the
+# samples are too few); 4 parts of K = 2 * BK + 1 leave the last span past K, summing nothing
+K_PARTS = [(3, 3, 1, 2), (4, 4, 2, 3), (1, 6, 3, 2), (3, 1, 3, 4)]
+
+
+@pytest.mark.parametrize("a_batch, b_batch, groups, k_parts", K_PARTS)
+@pytest.mark.parametrize("trans_a, trans_b", TRANSPOSES)
+def test_batched_k_parts_cpu_match_the_spans_summed_apart(a_batch, b_batch, groups, k_parts,
+                                                          trans_a, trans_b):
+    from minilms.kernels.gemm import BK, gemm_batched, k_span
+    k = 2 * BK + 1
+    a, b, c = batched_operands((a_batch, b_batch, groups * k_parts), 5, 7, k, trans_a, trans_b)
+    span = k_span(k, k_parts)
+    assert span % BK == 0 and span * k_parts >= k > span * (k_parts - 2)   # they cover K
+    expected = naive_batched(a, b, c, trans_a, trans_b, 0.5, 2.0, k_parts, span)
+    gemm_batched(a, b, c, trans_a, trans_b, 0.5, 2.0, k_parts=k_parts)
+    np.testing.assert_allclose(c, expected, rtol=1e-5, atol=1e-5)
+    # the parts add up to the whole product
+    whole = naive_batched(a, b, np.zeros((groups, 5, 7), np.float32), trans_a, trans_b, 1.0, 0.0)
+    parts = naive_batched(a, b, np.zeros_like(c), trans_a, trans_b, 1.0, 0.0, k_parts, span)
+    np.testing.assert_allclose(parts.reshape(groups, k_parts, 5, 7).sum(1), whole, atol=1e-9)
+
+
 def test_batched_rejects_mismatched_batches():
     from minilms.kernels.gemm import gemm_batched
     a, b, c = batched_operands((2, 3, 3), 2, 2, 2, False, False)
     with pytest.raises(ValueError, match="batches do not match"):
         gemm_batched(a, b, c)
+    a, b, c = batched_operands((4, 4, 6), 2, 2, 2, False, False)
+    with pytest.raises(ValueError, match="k_parts 4"):     # 6 is not 4 times a divisor of 4
+        gemm_batched(a, b, c, k_parts=4)
     with pytest.raises(ValueError, match="3-D"):
         gemm_batched(a[0], b[0], c[0])
 
@@ -227,50 +263,32 @@ def test_batched_cuda_matches_sample_by_sample(tile, batches, trans_a, trans_b):
         np.testing.assert_allclose(d_c.copy_to_host(), expected, rtol=1e-5, atol=1e-5)
 
 
-# --- split-K: partial sums and their ordered sum ------------------------------------------------
-
-def test_split_k_fills_a_gpu_only_where_the_tiles_do_not():
-    from minilms.kernels import gemm as g
-    assert g.split_k(64, 576, 32) > 1                      # 5 tiles of 128x128: split
-    assert g.split_k(64, 576, 32) * 5 <= 2 * g.SPLIT_K_BLOCKS
-    assert g.split_k(512, 4608, 32) == 1                   # 144 tiles: enough already
-    assert g.split_k(64, 576, 1) == 1
-    for samples in (7, 9, 12, 32):                         # always a divisor of the samples
-        splits = g.split_k(64, 576, samples)
-        assert samples % splits == 0 and splits <= samples
-    assert g.split_k(64, 576, 32, most=3) <= 3
-
-
-@pytest.mark.parametrize("beta", [0.0, 1.0])
-def test_sum_splits_cpu_sums_in_order(beta):
-    from minilms.kernels.gemm import sum_splits
-    rng = np.random.default_rng(3)
-    parts = rng.standard_normal((5, 3, 4)).astype(np.float32)
-    out = rng.standard_normal((3, 4)).astype(np.float32)
-    expected = parts[0].copy()
-    for z in range(1, 5):
-        expected += parts[z]
-    if beta:
-        expected += out
-    else:
-        out[...] = np.nan                                   # beta 0: out is not read
-    sum_splits(parts, out, beta)
-    np.testing.assert_array_equal(out, expected)
-    with pytest.raises(ValueError, match="are not 5 of out"):
-        sum_splits(parts, out[:2], beta)
-
-
 @pytest.mark.cuda
-@pytest.mark.parametrize("size", [1, 256, 257])
-def test_sum_splits_cuda_matches_cpu(size):
+@pytest.mark.parametrize("a_batch, b_batch, groups, k_parts", K_PARTS)
+def test_batched_k_parts_cuda_match_the_spans_summed_apart(tile, a_batch, b_batch, groups,
+                                                           k_parts):
+    """``gemm_nt_k_split`` (a weight gradient's ``grad @ cols^T``, the one product that splits K
+    on cuda): block z of the grid sums its group's samples over its span of K only, tiles
+    straddled, beta 0 never reads c, a span past K writes alpha * 0 (+ beta * c). The other
+    transposes say they do not split K there."""
     from numba import cuda
 
-    from minilms.kernels.gemm import sum_splits
-    rng = np.random.default_rng(size)
-    parts = rng.standard_normal((3, size)).astype(np.float32)
-    for beta in (0.0, 1.0):
-        out = rng.standard_normal(size).astype(np.float32)
-        d_out = cuda.to_device(np.full(size, np.nan, np.float32) if not beta else out)
-        sum_splits(cuda.to_device(parts), d_out, beta)
-        sum_splits(parts, out, beta)
-        np.testing.assert_allclose(d_out.copy_to_host(), out, rtol=1e-6, atol=1e-6)
+    from minilms.kernels.gemm import gemm_batched, k_span
+    trans_a, trans_b = False, True
+    m, n, k = tile.BM + 1, tile.BN + 1, 2 * tile.BK + 1
+    span = k_span(k, k_parts)
+    for beta, fill in ((2.0, None), (0.0, np.nan)):
+        a, b, c = batched_operands((a_batch, b_batch, groups * k_parts), m, n, k, trans_a,
+                                   trans_b, seed=11)
+        if fill is not None:
+            c[...] = fill
+        expected = naive_batched(a, b, np.nan_to_num(c), trans_a, trans_b, 0.5, beta, k_parts,
+                                 span)
+        d_c = cuda.to_device(c)
+        gemm_batched(cuda.to_device(a), cuda.to_device(b), d_c, trans_a, trans_b, 0.5, beta,
+                     k_parts=k_parts)
+        np.testing.assert_allclose(d_c.copy_to_host(), expected, rtol=1e-5, atol=1e-5)
+    for other in ((False, False), (True, False), (True, True)):
+        a, b, c = batched_operands((a_batch, b_batch, groups * k_parts), m, n, k, *other)
+        with pytest.raises(ValueError, match="splits K for trans_b alone"):
+            gemm_batched(*map(cuda.to_device, (a, b, c)), *other, k_parts=k_parts)

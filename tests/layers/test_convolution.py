@@ -455,7 +455,7 @@ def test_cuda_chunks_of_samples_equal_one_sample_at_a_time(monkeypatch):
         results[name] = forward_backward("cuda", layer, x, dy, params, device_kind="cuda")
         assert layer._batch_chunk(shape[0]) == chunk
         if chunk:   # 4x18 weights are one tile: each sample's share summed apart, then in order
-            assert layer._dw_splits(chunk) == chunk and layer._dw_splits(1) == 1
+            assert layer._dw_splits(chunk) == (chunk, 1) and layer._dw_splits(1) == (1, 1)
     expected = results["one sample"]
     for name in ("chunks of 2", "all 3"):
         got = results[name]
@@ -464,6 +464,37 @@ def test_cuda_chunks_of_samples_equal_one_sample_at_a_time(monkeypatch):
         for key in expected[2]:
             np.testing.assert_allclose(got[2][key], expected[2][key], rtol=1e-5, atol=1e-5,
                                        err_msg=f"{name} {key}")
+
+
+@pytest.mark.cuda
+def test_cuda_weight_gradient_splits_each_samples_plane_where_the_samples_are_few(monkeypatch):
+    """Where a chunk's samples alone give the weight gradient too few blocks (a few large
+    images), each sample's plane is split into spans as well (``split_k.split_k``'s ``k_parts``,
+    here with spans of 16 outputs instead of 512): forward and dx bit for bit the unsplit
+    layer's, the weight and bias gradients within float32 rounding (regrouped sums), and the
+    partials taken from the workspace."""
+    from minilms.kernels import split_k
+    rng = np.random.default_rng(12)
+    shape = (2, 2, 8, 8)                        # planes of 64 outputs: 4 spans of 16
+    x = rng.standard_normal(shape).astype(np.float32)
+    results = {}
+    for name, least_span in (("split", 16), ("whole", 10**9)):
+        monkeypatch.setattr(split_k, "MIN_K_SPAN", least_span)
+        layer = conv(num_output=4, pad=1)
+        layer.setup([shape], "cuda")
+        groups, parts = layer._dw_splits(layer._batch_chunk(shape[0]))
+        assert (groups, parts > 1) == (2, name == "split"), (groups, parts)
+        assert layer.partials == groups * parts * layer.num_output * layer.k
+        if name == "split":
+            dy = rng.standard_normal(layer.top_shapes[0]).astype(np.float32)
+            params = random_bias(layer, rng)
+        results[name] = forward_backward("cuda", conv(num_output=4, pad=1), x, dy, params,
+                                         device_kind="cuda")
+    split, whole = results["split"], results["whole"]
+    np.testing.assert_array_equal(split[0], whole[0])
+    np.testing.assert_array_equal(split[1], whole[1])
+    for key in whole[2]:
+        np.testing.assert_allclose(split[2][key], whole[2][key], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.cuda

@@ -155,7 +155,7 @@ def test_cpu_workspace_is_the_engines_where_it_runs_everything():
         tight = sized(g, "cuda", max_workspace=4 * room)
         assert tight.elements == room and tight._batch_chunk(g.n) == 2
         one = sized(g, "cuda", max_workspace=4 * cuda.k * plane)    # one sample, no room to split
-        assert one.partials == 0 and one._batch_chunk(g.n) == 1 and one._dw_splits(1) == 1
+        assert one.partials == 0 and one._batch_chunk(g.n) == 1 and one._dw_splits(1) == (1, 1)
 
 
 @pytest.mark.parametrize("g", [POINTWISE_LONG, POINTWISE_SHORT, THREE_BY_THREE],
