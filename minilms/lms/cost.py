@@ -43,12 +43,17 @@ from .substeps import plan_split, share_of_flops
 
 GB = 1e9
 
-# The cuda device's constants, each *predicted*, taken from the kernels themselves where they can
-# be. Checked since on an H100 SXM (docs/benchmarks.md, "CUDA on an H100"): the GEMM ran at 39-41
-# TFLOP/s (this model: 38.4); a launch costs 20 us of host time through a launcher and
-# kernels/prepared_launch.py (127 us through numba's dispatch before it). A step's host time is
-# built from its parts: its launches at that cost, plus the executor's own Python work.
+# The cuda device's constants, for an H100 PCIe, each from the kernels themselves or measured on
+# an H100 SXM and an H200 (docs/benchmarks.md, "CUDA on an H100", "... on an H200"); the model
+# as a whole is a prediction. The convolutions, forward and backward, of ResNet-18 and ResNet-50
+# at 224x224 ran at 11.6-13.1 TFLOP/s on an H200, 17-20% of its FP32 peak: a third of what the
+# GEMM reaches on large matrices (58-62%, under the 75% its FFMA share allows,
+# kernels.gemm.INNER_LOOP_FFMA_SHARE), their products being small, batched and fed by im2col.
+# A launch costs 20 us of host time through a launcher and kernels/prepared_launch.py (127 us
+# through numba's dispatch before it); a step's host time is built from its parts: its launches
+# at that cost, plus the executor's own Python work.
 GPU_FP32_PEAK = 51.2e12      # FLOP/s: an H100 PCIe, 114 SMs x 128 FP32 lanes x 2 x 1.755 GHz
+CONV_SHARE_OF_PEAK = 0.18    # what the convolutions reached of the peak, measured (H200)
 GPU_MEMORY = 2.0e12          # bytes/s: its HBM2e
 GPU_LINK = 25 * GB           # bytes/s: PCIe 4.0 x16 as copies reach it, where no link is named
 LAUNCH_SECONDS = 20e-6       # host time a launch costs: a launcher and prepared_launch (H100 host)
@@ -73,10 +78,10 @@ class CostModel:
     @classmethod
     def for_device(cls, kind: str, link=None) -> "CostModel":
         """Typical rates: the ``cpu`` device of a small machine, or a GPU; the copy rate is the
-        link's where one is modelled (and never above memory's). The GPU's are predicted from
-        the kernels: FLOP/s the FP32 peak times the GEMM's FFMA share (``cuda_flops``), a step
-        its launches' host time and the executor's own (``LAUNCHES_PER_STEP x LAUNCH_SECONDS +
-        HOST_STEP_SECONDS``: 106 us)."""
+        link's where one is modelled (and never above memory's). The GPU's come from the
+        kernels: FLOP/s the FP32 peak times the share the convolutions reached on a GPU
+        (``cuda_flops``), a step its launches' host time and the executor's own
+        (``LAUNCHES_PER_STEP x LAUNCH_SECONDS + HOST_STEP_SECONDS``: 106 us)."""
         if kind == "cpu":
             flops, memory, copy, fixed = 40e9, 8 * GB, 6 * GB, (100e-6, 30e-6)
         else:
@@ -116,10 +121,11 @@ class CostModel:
 
 
 def cuda_flops() -> float:
-    """The GPU's FLOP/s for the cost model (predicted): its FP32 peak times the least share of
-    FFMA in the GEMM's inner loops, the ceiling the instruction mix sets (stalls, unmeasured
-    without a GPU, come below it)."""
-    return GPU_FP32_PEAK * INNER_LOOP_FFMA_SHARE
+    """The GPU's FLOP/s for the cost model: its FP32 peak times the share of it the
+    convolutions reached on a GPU (``CONV_SHARE_OF_PEAK``), under the ceiling the GEMM's
+    instruction mix sets (``INNER_LOOP_FFMA_SHARE``, which the model used until one was
+    measured: 4x too fast)."""
+    return GPU_FP32_PEAK * min(CONV_SHARE_OF_PEAK, INNER_LOOP_FFMA_SHARE)
 
 
 def measure_cpu(link=None, repeat: int = 3) -> CostModel:
