@@ -67,13 +67,17 @@ def loop_column(result) -> str:
            f"({result.loop_ffma}/{result.loop_instructions})"
 
 
+# the four plain GEMM kernels (not the split-K variant, nor the module's other kernels)
+GEMMS = ("gemm.gemm_nn", "gemm.gemm_nt", "gemm.gemm_tn", "gemm.gemm_tt")
+
+
 def write_gemm_sass(results, path) -> None:
     """The GEMM kernels' sm_90 registers and inner-loop mix, with the digest of the source they
     were compiled from (``gemm.source_digest``): tests/kernels/test_sass.py reads it."""
     from minilms.kernels import gemm
     rows = {r.kernel: {"registers": r.registers, "ffma": r.loop_ffma,
                        "instructions": r.loop_instructions}
-            for r in results if r.kernel.startswith("gemm.") and r.arch == "sm_90"}
+            for r in results if r.kernel in GEMMS and r.arch == "sm_90"}
     if len(rows) != 4 or any(row["ffma"] is None for row in rows.values()):
         raise SystemExit("kernel_report: --write-gemm-sass needs nvdisasm and the four GEMM "
                          "kernels on sm_90")

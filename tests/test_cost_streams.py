@@ -61,3 +61,51 @@ def test_prefetches_queue_behind_the_loads_and_end_the_iteration():
     timeline = streams.finish([out("y", 0)])
     assert timeline.seconds == pytest.approx(4.0)   # y home after the last step (3 s) + 1 s
     assert timeline.copy_seconds == pytest.approx(3.0)
+
+
+# -- a host that queues the steps and runs ahead of the device (the cuda model) --------------------
+
+def run_ahead(steps, device, host):
+    streams = _Streams(CostModel(1e12, 1e12, 100.0, "test", 0.0, 0.0, host_runs_ahead=True))
+    for step_plan in steps:
+        streams.step(step_plan, device, host)
+    return streams
+
+
+def plain(n):
+    return [StepPlan(Step(i, "forward", f"s{i}"), [], [], []) for i in range(n)]
+
+
+def test_a_host_slower_than_the_device_sets_the_pace_without_stalls():
+    streams = run_ahead(plain(3), device=1.0, host=2.0)
+    assert streams.starts == [2.0, 4.0, 6.0]     # each step once the host has queued it
+    assert streams.stalls == [0.0, 0.0, 0.0]     # waiting on the host is no wait for copies
+    assert streams.finish([]).seconds == pytest.approx(7.0)
+
+
+def test_a_faster_host_runs_ahead_and_its_time_is_hidden():
+    streams = run_ahead(plain(3), device=1.0, host=0.5)
+    assert streams.starts == [0.5, 1.5, 2.5]
+    assert streams.finish([]).seconds == pytest.approx(3.5)     # added up: 4.5
+    assert run([StepPlan(Step(i, "forward", "s"), [], [], []) for i in range(3)],
+               seconds=1.5).finish([]).seconds == pytest.approx(4.5)
+
+
+def test_a_copy_begins_once_the_host_has_queued_it():
+    streams = run_ahead([StepPlan(Step(0, "forward", "a"), [], [load("y", 0)], [])],
+                        device=1.0, host=2.0)
+    assert streams.starts == [3.0] and streams.stalls == [1.0]   # queued at 2 s, landed at 3 s
+
+
+def test_the_cuda_model_runs_its_host_ahead_and_the_cpu_model_adds_it():
+    from minilms import zoo
+    from minilms.net import Net
+    net = Net(zoo.lenet(num_classes=10), {"data": ((2, 1, 28, 28), "float32"),
+                                          "label": ((2,), "int32")})
+    step = net.schedule()[0]
+    for kind, ahead in (("cuda", True), ("cpu", False)):
+        model = CostModel.for_device(kind)
+        host, device = model.step_parts(net, step)
+        assert model.host_runs_ahead == ahead
+        assert host + device == pytest.approx(model.step_seconds(net, step))
+        assert host == (model.step_seconds_fixed if ahead else 0.0)

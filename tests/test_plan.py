@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minilms import zoo
+from minilms.device.link import parse_link
 from minilms.device.pool import ALIGNMENT
 from minilms.errors import ConfigError, PlanError
 from minilms.lms.bounds import least_pool, resident_bytes, working_set_bytes
@@ -300,6 +301,26 @@ def test_auto_chooses_as_before_and_cuts_short_only_candidates_that_lose(case):
             continue
         assert simulate(full, net, model).seconds > chosen
     assert not {repr(p) for p, _ in plan.candidates} & {repr(p) for p, _ in plan.cut_short}
+
+
+@pytest.mark.parametrize("case", sorted(AUTO_DECISIONS))
+def test_on_cuda_auto_cuts_short_only_candidates_that_lose(case):
+    """With the cuda model the host runs ahead of the device (a stream of its own), and what a
+    candidate cut short still had ahead is the larger of its host's and its device's time: a
+    lower bound still, so each one cut, planned in full, is slower than the choice."""
+    name, scale = case.split("|")
+    net, steps, least, _ = net_named(name)
+    model = CostModel.for_device("cuda", parse_link("pcie3"))
+    plan = auto_plan(net, steps, int(least * float(scale)), model)
+    check_plan(plan)
+    chosen = simulate(plan, net, model).seconds
+    assert chosen == min(seconds for _, seconds in plan.candidates if seconds is not None)
+    for policy, _ in plan.cut_short:
+        try:
+            full = make_plan(net, steps, plan.capacity, policy)
+        except PlanError:
+            continue
+        assert simulate(full, net, model).seconds > chosen
 
 
 def test_least_pool_is_the_largest_working_set_when_that_fits():

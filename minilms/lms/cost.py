@@ -1,6 +1,8 @@
 """The planner's cost model: how long one iteration of a plan takes, and ``policy: auto``.
 
-A plan is replayed on three streams, as the executor runs it (``minilms.lms.replay``): a copy
+A plan is replayed on three streams, as the executor runs it (``minilms.lms.replay``), and, on a
+GPU, the host beside them (``host_runs_ahead``: it queues a step's copies and kernels, its fixed
+cost, and goes on while they run; nothing waits for it but what it has not queued yet): a copy
 stream each way takes step ``i``'s copies once step ``i - 1`` has computed (its space may be
 reused, its outputs swapped out), in plan order: releases, the step's own loads, then prefetches
 for later steps; a load also waits for the swap-outs still reading its space or writing its blob's
@@ -74,6 +76,10 @@ class CostModel:
     name: str = ""
     step_seconds_fixed: float = 0.0     # each step's own cost: dispatch, launches, bookkeeping
     copy_seconds_fixed: float = 0.0     # each copy's: a hand-off to the copy thread or engine
+    # a GPU's host queues a step's kernels and goes on to the next step while they run, so its
+    # fixed cost is a host stream's time beside the device's, not added to it (the cpu device
+    # runs its kernels on the host: added)
+    host_runs_ahead: bool = False
 
     @classmethod
     def for_device(cls, kind: str, link=None) -> "CostModel":
@@ -92,7 +98,7 @@ class CostModel:
             copy = link.bytes_per_second if kind == "cuda" else min(copy, link.bytes_per_second)
         what = f"{kind}, link {link.name}" if link is not None else kind
         return cls(flops, memory, copy, what if kind == "cpu" else f"{what} (predicted)",
-                   *fixed)
+                   *fixed, host_runs_ahead=kind != "cpu")
 
     def with_link(self, link) -> "CostModel":
         copy = self.memory_bytes_per_second if link is None else \
@@ -101,14 +107,22 @@ class CostModel:
                        name=f"{self.name.split(',')[0]}, link {link.name if link else 'none'}")
 
     def step_seconds(self, net: Net, step: Step) -> float:
+        """The step's fixed cost and its work: what it costs alone, nothing overlapping it."""
+        return sum(self.step_parts(net, step))
+
+    def step_parts(self, net: Net, step: Step) -> tuple[float, float]:
+        """``(host, device)`` seconds of a step on the timeline: the host's time to queue it
+        beside the device's to run it where the host runs ahead, else ``(0, both)``."""
         layer = net.layer[step.layer]
         flops = {"forward": 1, "recompute": 1, "backward": 2, "update": 0}[step.kind] \
             * layer.flops()
         if step.part is not None:     # a sub-step: its chunk's share of one pass over the batch
             flops *= share_of_flops(layer, step.part)
         touched = sum(net.blobs[name].nbytes for name in set(step.blobs))
-        return (self.step_seconds_fixed + flops / self.flops_per_second
-                + touched / self.memory_bytes_per_second)
+        work = flops / self.flops_per_second + touched / self.memory_bytes_per_second
+        if self.host_runs_ahead:
+            return self.step_seconds_fixed, work
+        return 0.0, self.step_seconds_fixed + work
 
     def copy_seconds(self, nbytes: int) -> float:
         return self.copy_seconds_fixed + nbytes / self.copy_bytes_per_second
@@ -117,7 +131,8 @@ class CostModel:
         return (f"{self.name}: {self.flops_per_second / 1e9:.0f} GFLOP/s, memory "
                 f"{self.memory_bytes_per_second / GB:.1f} GB/s, copies "
                 f"{self.copy_bytes_per_second / GB:.1f} GB/s, {self.step_seconds_fixed * 1e6:.0f} "
-                f"us a step, {self.copy_seconds_fixed * 1e6:.0f} us a copy")
+                f"us a step{' of host time, beside the device' if self.host_runs_ahead else ''}, "
+                f"{self.copy_seconds_fixed * 1e6:.0f} us a copy")
 
 
 def cuda_flops() -> float:
@@ -168,8 +183,8 @@ def simulate(plan: Plan, net: Net, model: CostModel) -> Timeline:
     """Replay ``plan`` on the three streams described in the module docstring."""
     times = step_times(net, [step_plan.step for step_plan in plan.steps], model)
     streams = _Streams(model)
-    for step_plan, seconds in zip(plan.steps, times):
-        streams.step(step_plan, seconds)
+    for step_plan, (host, device) in zip(plan.steps, times):
+        streams.step(step_plan, device, host)
     return streams.finish(plan.epilogue)
 
 
@@ -181,6 +196,7 @@ class _Streams:
         self.model = model
         self.free = {"h2d": 0.0, "d2h": 0.0}     # when each copy stream is next idle
         self.compute_end = 0.0
+        self.host = 0.0         # when the host has queued the steps so far (``host_runs_ahead``)
         # copies that may still run: (end, start, stop, blob) by direction
         self.flying: dict = {"h2d": [], "d2h": []}
         self.starts, self.ends, self.stalls = [], [], []
@@ -191,7 +207,7 @@ class _Streams:
         """Queue ``action``'s copy on its stream; returns when it ends."""
         direction = action.copies
         start, stop = action.offset, action.offset + action.size
-        begin = max(self.free[direction], self.compute_end)
+        begin = max(self.free[direction], self.compute_end, self.host)
         if direction == "h2d":      # after the swap-outs reading its space or writing its home
             for end, a, b, blob in self.flying["d2h"]:
                 if end > begin and ((a < stop and start < b) or blob == action.blob):
@@ -203,10 +219,14 @@ class _Streams:
         self.flying[direction].append((end, start, stop, action.blob))
         return end
 
-    def step(self, step_plan, seconds: float) -> None:
+    def step(self, step_plan, seconds: float, host: float = 0.0) -> None:
+        """The step's copies and then ``seconds`` on the compute stream, once the host has spent
+        ``host`` queuing it (``CostModel.step_parts``); the wait for its own copies is its
+        stall."""
         for direction, flying in self.flying.items():   # what ended before now matters no more
             self.flying[direction] = [f for f in flying if f[0] > self.compute_end]
-        ready = self.compute_end
+        self.host += host
+        ready = queued = max(self.compute_end, self.host)
         for action in step_plan.release + step_plan.demand:
             if action.copies:
                 end = self._copy(action)
@@ -224,7 +244,7 @@ class _Streams:
         start = ready
         self.compute += seconds
         self.starts.append(start)
-        self.stalls.append(start - self.compute_end)
+        self.stalls.append(start - queued)
         self.compute_end = start + seconds
         self.ends.append(self.compute_end)
 
@@ -232,7 +252,7 @@ class _Streams:
         for action in epilogue:
             if action.copies:
                 self._copy(action)
-        end = max(self.compute_end, *self.free.values())
+        end = max(self.compute_end, self.host, *self.free.values())
         return Timeline(self.starts, self.ends, self.stalls, self.copies, self.compute, end)
 
 
@@ -240,9 +260,10 @@ class _CutShort(Exception):
     """A candidate stopped while it was planned: it can no longer beat the best so far."""
 
 
-def step_times(net: Net, steps: list[Step], model: CostModel) -> list[float]:
-    """Each step's compute seconds by ``model``: the same for every plan of the schedule."""
-    return [model.step_seconds(net, step) for step in steps]
+def step_times(net: Net, steps: list[Step], model: CostModel) -> list[tuple[float, float]]:
+    """Each step's ``(host, device)`` seconds by ``model`` (``CostModel.step_parts``): the same
+    for every plan of the schedule."""
+    return [model.step_parts(net, step) for step in steps]
 
 
 def producers(net: Net, blob: str) -> list:
@@ -318,9 +339,11 @@ def _auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
                reduce_grads: bool) -> Plan:
     live = Liveness.of(net, steps)
     times = step_times(net, steps, model)
-    ahead = [0.0] * (len(times) + 1)        # ahead[i]: the compute of steps i and on
+    # ahead[i]: the host's and the device's time for steps i and on
+    ahead = [(0.0, 0.0)] * (len(times) + 1)
     for index in range(len(times) - 1, -1, -1):
-        ahead[index] = ahead[index + 1] + times[index]
+        ahead[index] = (ahead[index + 1][0] + times[index][0],
+                        ahead[index + 1][1] + times[index][1])
     sizes = sorted(set(live.nbytes.values()))
     thresholds = sorted({0} | {sizes[int(q * (len(sizes) - 1))] + 1 for q in THRESHOLD_QUANTILES})
     weighed, cut_short, best = [], [], (float("inf"), None, None, None)
@@ -345,8 +368,11 @@ def _auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
             nonlocal streams
             if index == 0:             # a new plan (make_plan may start again with less prefetch)
                 streams = _Streams(model)
-            streams.step(step_plan, times[index])
-            if cut is not None and streams.compute_end + ahead[index + 1] > cut:
+            host, device = times[index]
+            streams.step(step_plan, device, host)
+            host_ahead, device_ahead = ahead[index + 1]
+            if cut is not None and max(streams.compute_end + device_ahead,
+                                       streams.host + host_ahead) > cut:
                 raise _CutShort(index)
         try:
             plan = make_plan(net, steps, capacity, policy, watch)
