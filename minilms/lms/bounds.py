@@ -5,8 +5,9 @@ from dataclasses import replace
 from ..device.pool import Pool, align_up
 from ..errors import PlanError
 from ..net import Net, Step
+from .collector import collector_paused
 from .plan import Policy
-from .planner import collector_paused, make_plan
+from .planner import make_plan
 from .substeps import batch_blobs, most_chunks, plan_split, splittable
 
 

@@ -38,9 +38,10 @@ from ..kernels.gemm import INNER_LOOP_FFMA_SHARE
 from ..layers.recompute import in_place, recompute_reads, recompute_writes
 from ..net import Net, Step
 from ..sizes import format_bytes
+from .collector import collector_paused
 from .liveness import Liveness
 from .plan import Plan, Policy
-from .planner import collector_paused, make_plan, pinned_blobs
+from .planner import make_plan, pinned_blobs
 from .substeps import plan_split, share_of_flops
 
 GB = 1e9

@@ -4,53 +4,25 @@ The schedule is static, so every blob's next use is known at every step. Plannin
 allocation: blobs are virtual registers, the pool is the register file, swap-out and swap-in are
 spills and reloads. ``make_plan`` walks the schedule once over a planning ``Pool`` (the same
 allocator the device uses, silent to the trace) and records, per step, what the executor must do:
+``release`` (after the previous step: drop blobs with no further use, evict down to the soft
+limit), ``demand`` (make the step's working set resident: ``alloc`` or ``swap_in``, evicting the
+blob needed furthest ahead first, or the cheapest contiguous window: ``victims.py``) and
+``prefetch`` (``swap_in`` for the next steps while this one computes). Every action carries its
+pool offset, so the executor runs no allocator search, and the device's pool rejects an overlap.
 
-    release    after the previous step: drop blobs with no further use, evict down to the soft limit
-    demand     make the step's working set resident: ``alloc`` (about to be written, no copy) or
-               ``swap_in`` (H2D); evicting, furthest next use first, when the pool is full
-    prefetch   ``swap_in`` for the next ``prefetch`` steps, into free space or space of blobs needed
-               later than the one brought in, issued while this step computes
-
-Eviction is ``swap_out`` (D2H, then free) for a dirty blob that is needed again, ``drop`` (free, no
-copy) for anything else. To make room, the blob needed furthest in the future goes first, until
-there is space enough; if that space is in pieces (nothing moves once placed), the cheapest
-contiguous window of free space and evictable blobs is cleared; as a last resort, the step's own
-resident blobs are moved through the host (evicted and brought back elsewhere). Each eviction says
-why (the order and the window search: ``victims.py``). Every action carries its pool offset, so
-the executor runs no allocator search; the device's pool checks each placement and would reject
-an overlap.
-
-A blob's *need* is its next read or update before any overwrite: a blob whose next use writes it
-whole is dead until then, and is freed. Blobs that outlive the iteration (parameters, optimizer
-state) are needed again in the next one; the net's outputs (loss, accuracy) are read by the host
-after the last step; its inputs (and the loss gradient seed) arrive fresh on the host each
-iteration.
-
-With ``reduce_grads`` (data-parallel training, ``minilms.training.distributed``) every parameter
-gradient goes home right after the backward step that wrote it (``swap_out``, or ``sync`` if it is
-pinned), followed by a ``reduce`` action: the executor averages the host copy across processes, so
-the device copy is stale from then on and the update step loads the reduced one (``swap_in``).
-
-Pinned blobs (those under ``min_swap_bytes``; parameters and optimizer state with ``keep_state``;
-every blob with LMS off) stay in one place for the whole run.
-Every other blob leaves the pool by the end of the iteration (the epilogue), so the plan starts and
-ends in the same state and is replayed as it is every iteration. The ``prologue`` places the pinned
-blobs and loads those that hold data, once.
-
-The knobs (``Policy``) and where they come from are in docs/design.md. The soft limit is
-``max(limit, start_fraction * capacity)``: up to it blobs stay resident after their step; above it
-the planner evicts after every step (0, the default, is Caffe's default: keep only what the next
-step needs). ``policy: auto`` is computed in ``minilms.lms.cost``.
-"""
-import gc
+A blob's *need* is its next read or update before any overwrite. Pinned blobs (under
+``min_swap_bytes``; parameters and optimizer state with ``keep_state``; all with LMS off) stay put;
+every other blob leaves the pool by the epilogue, so the plan is replayed as it is every
+iteration; with ``reduce_grads`` each parameter gradient goes home after its backward step to be
+averaged there (``reduce``). The whole story: docs/lms.md; ``policy: auto``: ``lms.cost``."""
 from bisect import bisect_right
-from contextlib import contextmanager
 from dataclasses import replace
 
 from ..device.pool import Pool, align_up
 from ..errors import OutOfDeviceMemory, PlanError
 from ..net import Net, Step
 from ..sizes import format_bytes
+from .collector import collector_paused
 from .liveness import INFINITY, Liveness
 from .out_of_memory import demand_message, pinned_message
 from .plan import Action, Plan, Policy, Residents, StepPlan
@@ -476,20 +448,3 @@ def make_plan(net: Net, steps: list[Step], capacity: int, policy: Policy = Polic
             plan.notes.append(f"prefetch {policy.prefetch} does not fit in "
                               f"{format_bytes(capacity)}: planned with prefetch {distance}")
             return plan
-
-
-@contextmanager
-def collector_paused():
-    """Python's cycle collector off while plans are made, as it was after. A plan (and the
-    schedule's ``Liveness``) is tens of thousands of small objects that all live until it is
-    done, so the collector's passes, each over everything the process holds (the net, the
-    kernels' modules), find nothing and cost a third of the planning time; a search
-    (``least_pool``, ``policy: auto``) pauses it once for all its plans. Nothing here makes a
-    reference cycle: what a plan drops, reference counting frees."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
