@@ -142,9 +142,9 @@ def _gemm_kernel(trans_a, trans_b, k_split=False):
 
     The flags are closure constants, so each kernel is compiled with only its own index math: with
     runtime flags both load paths' addresses stay live across the K loop. Without ``k_split`` the
-    span is all of K, one value that both bounds K and strides the rows: measured on an H200, a
-    span bound apart from the stride costs the kernel about 10% (a 4096 GEMM 40 -> 36 TFLOP/s),
-    so only the split-K weight gradients pay it.
+    span is all of K, one value that both bounds K and strides the rows: a span bound apart
+    from the stride slows the kernel on a GPU (docs/kernels.md, "Split-K"), so only the split-K
+    weight gradients pay it.
     """
     def kernel(a, b, c, m_size, n_size, k_size, a_step, b_step, per, k_parts, k_span, alpha,
                beta):

@@ -47,14 +47,12 @@ from .substeps import plan_split, share_of_flops
 GB = 1e9
 
 # The cuda device's constants, for an H100 PCIe, each from the kernels themselves or measured on
-# an H100 SXM and an H200 (docs/benchmarks.md, "CUDA on an H100", "... on an H200"); the model
-# as a whole is a prediction. The convolutions, forward and backward, of ResNet-18 and ResNet-50
-# at 224x224 ran at 11.6-13.1 TFLOP/s on an H200, 17-20% of its FP32 peak: a third of what the
-# GEMM reaches on large matrices (58-62%, under the 75% its FFMA share allows,
-# kernels.gemm.INNER_LOOP_FFMA_SHARE), their products being small, batched and fed by im2col.
-# A launch costs 20 us of host time through a launcher and kernels/prepared_launch.py (127 us
-# through numba's dispatch before it); a step's host time is built from its parts: its launches
-# at that cost, plus the executor's own Python work.
+# an H100 SXM and an H200 (the figures behind them: docs/benchmarks.md, "CUDA on an H100" and
+# "... on an H200"); the model as a whole is a prediction. The FLOP rate is what the
+# convolutions reached, well under the GEMM's bound on large matrices
+# (kernels.gemm.INNER_LOOP_FFMA_SHARE): their products are small, batched and fed by im2col. A
+# step's host time is built from its parts: its launches, through a launcher and
+# kernels/prepared_launch.py, plus the executor's own Python work.
 GPU_FP32_PEAK = 51.2e12      # FLOP/s: an H100 PCIe, 114 SMs x 128 FP32 lanes x 2 x 1.755 GHz
 CONV_SHARE_OF_PEAK = 0.18    # what the convolutions reached of the peak, measured (H200)
 GPU_MEMORY = 2.0e12          # bytes/s: its HBM2e
@@ -139,8 +137,8 @@ class CostModel:
 def cuda_flops() -> float:
     """The GPU's FLOP/s for the cost model: its FP32 peak times the share of it the
     convolutions reached on a GPU (``CONV_SHARE_OF_PEAK``), under the ceiling the GEMM's
-    instruction mix sets (``INNER_LOOP_FFMA_SHARE``, which the model used until one was
-    measured: 4x too fast)."""
+    instruction mix sets (``INNER_LOOP_FFMA_SHARE``, the model's rate until the convolutions'
+    own was measured)."""
     return GPU_FP32_PEAK * min(CONV_SHARE_OF_PEAK, INNER_LOOP_FFMA_SHARE)
 
 
