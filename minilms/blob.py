@@ -81,6 +81,18 @@ class Blob:
                              f"of {self.shape} {self.dtype}")
         self._host, self.page_locked = rows, page_locked
 
+    def move_home(self, home: np.ndarray, page_locked: bool = False) -> None:
+        """Make ``home`` (another buffer of this blob's shape and dtype: the next of a ring of
+        homes) the host copy. Its bytes are not this blob's data, so a head on the host becomes
+        ``uninitialized`` and a synced one ``device`` (the device copy stays the truth)."""
+        if home is self._host:
+            return
+        self.share_home(home, page_locked)
+        if self.state is State.HOST:
+            self._set_state(State.UNINITIALIZED)
+        elif self.state is State.SYNCED:
+            self._set_state(State.DEVICE)
+
     @property
     def host(self) -> np.ndarray:
         """The host copy itself: no sync, so stale while the head is on the device. A blob

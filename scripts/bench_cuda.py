@@ -28,6 +28,8 @@ Sections (``--only`` picks some; all by default):
   ours does) from the same initial weights. After ``--steps`` iterations whose losses are
   compared and ``--warmup`` more, ``--runs`` runs of ``--iters`` iterations each, contenders taking
   turns; each run ends synchronized (minilms' ``iterate`` does; PyTorch's step reads its loss).
+  LMS off also runs as the training loop does (``loss read behind``: each step issues an
+  iteration with ``submit`` and reads the loss of the one before; the run ends with the last).
   Rows: s/iteration, images/s, ratio to PyTorch, launches per iteration, the pool.
   ``--max-workspace``: each convolution's ``max_workspace`` in MiB (the layer's default if not
   given; several: the whole section once for each), which bounds how many samples' columns a
@@ -328,6 +330,32 @@ class Contender:
         self.best = min(self.best, (time.perf_counter() - began) / iters)
 
 
+class ReadBehind(Contender):
+    """minilms as the training loop runs it: each step issues an iteration (``submit``) and then
+    reads the loss of the one before, so the GPU has the next iteration queued while the host
+    waits; a timed run ends with the last loss read."""
+
+    def __init__(self, name, executor, inputs, pool=None, close=None):
+        super().__init__(name, self.issue, pool, close)
+        self.executor, self.inputs, self.previous = executor, inputs, None
+
+    def issue(self):
+        """The loss of the iteration issued before this one (None for the first)."""
+        pending, self.previous = self.previous, self.executor.submit(self.inputs)
+        return pending.result()["loss"] if pending is not None else None
+
+    def drain(self):
+        pending, self.previous = self.previous, None
+        return pending.result()["loss"] if pending is not None else None
+
+    def timed(self, iters):
+        began = time.perf_counter()
+        for _ in range(iters):
+            self.step()
+        self.drain()
+        self.best = min(self.best, (time.perf_counter() - began) / iters)
+
+
 def torch_contender(torch, net, inputs, params, where):
     from bench_vs_torch import torch_model
     model, copy_params = torch_model(torch, net)
@@ -364,6 +392,9 @@ def section_train(args, report):
                                       pool, executor.device.close)
                 contender.executor = executor
                 contenders.append(contender)
+                if not lms:     # the same executor, its losses read one iteration behind
+                    contenders.append(ReadBehind("minilms, LMS off, loss read behind", executor,
+                                                 inputs, pool))
             if torch is not None:
                 off = contenders[0].executor
                 off.sync_state()
@@ -376,19 +407,26 @@ def section_train(args, report):
                 contender.losses = [contender.step()]
                 contender.first = time.perf_counter() - began
                 contender.losses += [contender.step() for _ in range(args.steps - 1)]
+                if isinstance(contender, ReadBehind):
+                    contender.losses = contender.losses[1:] + [contender.drain()]
                 for _ in range(args.warmup):
                     contender.step()
+                if isinstance(contender, ReadBehind):
+                    contender.drain()
                 if hasattr(contender, "executor"):
                     with counting_launches() as launches:
                         contender.step()
+                        if isinstance(contender, ReadBehind):
+                            contender.drain()
                     contender.launches = sum(launches.values())
             for _ in range(args.runs):
                 for contender in contenders:
                     contender.timed(args.iters)
+            off = next(c for c in contenders if c.name == "minilms, LMS off")
             if args.profile:
-                profiles.append(profiled(contenders[-2].step, args.iters, batch, workspace))
+                profiles.append(profiled(off.step, args.iters, batch, workspace))
             if args.gpu_steps:
-                profiles.append(gpu_step_times(contenders[-2], batch, workspace))
+                profiles.append(gpu_step_times(off, batch, workspace))
         finally:
             for contender in contenders:
                 contender.close()

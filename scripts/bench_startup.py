@@ -21,7 +21,7 @@ minilms.training.trainer"`` with the warm cache: what a process pays before it r
 what start-up spends planning LMS for the config (not in ``--smoke``).
 
 **To the first step**: the warm ``t(1)`` process also says when its first iteration begins, from
-its interpreter's first line (``MARK_FIRST_STEP`` wraps ``LmsExecutor.iterate`` in the child
+its interpreter's first line (``MARK_FIRST_STEP`` wraps ``LmsExecutor.submit`` in the child
 process; the library itself stays uninstrumented). That is the wait before training starts, the
 goal's figure: a full-size net's first iteration is slower than the rest (its memory is touched
 for the first time), and ``t(1)`` counts all of it.
@@ -94,17 +94,17 @@ def timed(command, env, cwd=ROOT, output: list | None = None) -> float:
 
 # Runs ``python -m minilms.train ARGS`` and says on stderr when the first iteration begins,
 # measured from the interpreter's first line: the library stays uninstrumented, the child process
-# wraps ``LmsExecutor.iterate`` before the command starts.
+# wraps ``LmsExecutor.submit`` before the command starts.
 MARK_FIRST_STEP = """
 import time; began = time.perf_counter()
 import runpy, sys
 from minilms.lms import replay
-iterate = replay.LmsExecutor.iterate
+submit = replay.LmsExecutor.submit
 def first(self, *args, **kwargs):
-    replay.LmsExecutor.iterate = iterate
+    replay.LmsExecutor.submit = submit
     print(f"FIRST-STEP {time.perf_counter() - began:.6f}", file=sys.stderr, flush=True)
-    return iterate(self, *args, **kwargs)
-replay.LmsExecutor.iterate = first
+    return submit(self, *args, **kwargs)
+replay.LmsExecutor.submit = first
 sys.argv = ["minilms.train"] + sys.argv[1:]
 runpy.run_module("minilms.train", run_name="__main__")
 """

@@ -8,7 +8,10 @@ Counted in this process under the Numba CUDA simulator (no GPU is needed): ``ker
 counts every launch (``counting_launches``), and the device's blocking calls (``synchronize``,
 an event's ``synchronize``, a copy to the host on the default stream) are counted where the
 executor makes them. "Before" forces the convolution's per-sample path (the one that ran before
-issue 19: a few launches per sample); "after" is today's.
+issue 19: a few launches per sample); "after" is today's. ``syncs``: an ``iterate`` (which waits
+for everything at its end); ``loop``: an iteration as the training loop runs it (``submit`` the
+next, then read the last one's loss: the waits are for events of the iterations before, never
+for the device as a whole).
 
 The kernels are *not run*, only counted (``counting_launches(run=False)``), so the full-size
 schedule (ResNet-18 at 224x224, batch 64) is counted by the executor's own walk through it in
@@ -89,7 +92,7 @@ def count(model, batch, size, width, before):
     pool = int(1.5 * least_pool(net, net.schedule(("momentum",))))
     patches = [mock.patch.multiple(Convolution, _batch_chunk=lambda self, n: 0,
                                    pointwise_on_cuda=False)] if before else []
-    with CudaDevice(pool) as device:
+    with CudaDevice(pool) as device, counting_syncs(device) as blocking:
         for patch in patches:
             patch.start()
         try:
@@ -97,12 +100,20 @@ def count(model, batch, size, width, before):
                                    SGD(0.01, momentum=0.9), Policy(prefetch=2))
             with common.counting_launches(run=False):
                 executor.iterate(inputs)                 # the first runs the prologue too
-            with common.counting_launches(run=False) as launches, counting_syncs(device) as syncs:
+            before = Counter(blocking)
+            with common.counting_launches(run=False) as launches:
                 executor.iterate(inputs)
+            syncs = blocking - before
+            with common.counting_launches(run=False):
+                issued = executor.submit(inputs)
+                before = Counter(blocking)
+                executor.submit(inputs)                  # the training loop: issue the next,
+                issued.result()                          # then read the last one's loss
+            behind = blocking - before
         finally:
             for patch in patches:
                 patch.stop()
-    return launches, syncs, len(executor.plan.steps)
+    return launches, syncs, behind, len(executor.plan.steps)
 
 
 def main(argv=None) -> int:
@@ -118,7 +129,7 @@ def main(argv=None) -> int:
     print("launches and host synchronizations per training iteration (counted, kernels not run); "
           "before: the convolution one sample at a time, after: a chunk of samples per launch")
     print(f"{'model':9} {'input':>9} {'batch':>5} {'steps':>5} {'launches before':>15} "
-          f"{'after':>7} {'conv before':>11} {'conv after':>10} {'syncs':>5}  s")
+          f"{'after':>7} {'conv before':>11} {'conv after':>10} {'syncs':>5} {'loop':>4}  s")
     for model in args.models:
         for batch in args.batches:
             start = time.perf_counter()
@@ -126,7 +137,7 @@ def main(argv=None) -> int:
             for before in (True, False):
                 row[before] = count(model, batch, args.size, args.width, before)
             took = time.perf_counter() - start
-            (b_launch, _, steps), (a_launch, syncs, _) = row[True], row[False]
+            (b_launch, _, _, steps), (a_launch, syncs, behind, _) = row[True], row[False]
             conv = ("im2col", "col2im", "gemm", "channel", "add_channel", "fill", "sum_splits")
             conv_b = sum(n for k, n in b_launch.items() if k.startswith(conv))
             conv_a = sum(n for k, n in a_launch.items() if k.startswith(conv))
@@ -134,8 +145,9 @@ def main(argv=None) -> int:
             name = model if model == "lenet" or args.width == 1 else f"{model}/{args.width}"
             print(f"{name:9} {f'{size}x{size}':>9} {batch:5d} {steps:5d} "
                   f"{sum(b_launch.values()):15d} {sum(a_launch.values()):7d} {conv_b:11d} "
-                  f"{conv_a:10d} {sum(syncs.values()):5d}  {took:.1f}")
-            print("    syncs: " + ", ".join(f"{k} {n}" for k, n in sorted(syncs.items())))
+                  f"{conv_a:10d} {sum(syncs.values()):5d} {sum(behind.values()):4d}  {took:.1f}")
+            print("    syncs: " + ", ".join(f"{k} {n}" for k, n in sorted(syncs.items()))
+                  + "; the loop's: " + ", ".join(f"{k} {n}" for k, n in sorted(behind.items())))
     return 0
 
 

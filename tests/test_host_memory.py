@@ -128,14 +128,17 @@ def test_lms_on_gives_homes_to_swapped_blobs_before_the_first_iteration(policy, 
 def test_the_figure_is_the_sum_of_the_walked_plan(kind, policy):
     """The figure, from a plan alone (no device): the bytes of the blobs found by walking the
     plan, plus the pool on ``cpu`` (its arena is host RAM), plus the loader's batches; pinned is
-    the homes that cross the link every iteration on ``cuda``, none on ``cpu``."""
+    the homes that cross the link every iteration on ``cuda``, none on ``cpu``. What the host
+    writes or reads every iteration (inputs, seeds, outputs) has two homes (a ring of two: the
+    host writes the next iteration's while the device reads the last one's)."""
     inputs = batch(2, 2, 6, classes=3)
     net = make_net(DAG, inputs)
     steps = net.schedule(("momentum",))
     capacity = resident_bytes(net, steps) if not policy.enabled else least_pool(net, steps,
                                                                                 policy)
     plan = make_plan(net, steps, capacity, policy)
-    blob_bytes = sum(net.blobs[n].nbytes for n in walked(plan))
+    twice = set(plan.host_inputs) | set(plan.outputs)
+    blob_bytes = sum(net.blobs[n].nbytes * (2 if n in twice else 1) for n in walked(plan))
     one_batch = inputs["data"].nbytes + inputs["label"].nbytes
     batches = loader_batches(2)
     figure = host_memory(plan, kind, batches)
@@ -144,7 +147,7 @@ def test_the_figure_is_the_sum_of_the_walked_plan(kind, policy):
     pool = plan.capacity if kind == "cpu" else 0
     assert figure.pool == pool
     assert figure.total == blob_bytes + pool + 4 * one_batch
-    locked = sum(net.blobs[n].nbytes for n in walked_crossing(plan))
+    locked = sum(net.blobs[n].nbytes * (2 if n in twice else 1) for n in walked_crossing(plan))
     assert figure.pinned == (locked if kind == "cuda" else 0)
     assert 0 < locked <= blob_bytes
     assert figure.pageable == figure.total - figure.pinned
@@ -283,15 +286,17 @@ def test_only_what_crosses_the_link_is_page_locked_in_one_arena_for_every_progra
             assert set(crossing(plan)) == walked_crossing(plan)
         executor.iterate(batches[0], train=False)
         assert len(executor.programs) == 3 and locked == first
-        arena = executor.arena.nbytes
+        arena, ring = executor.arena.nbytes, executor.ring.nbytes
         for program in executor.programs.values():
+            twice = set(program.plan.host_inputs) | set(program.plan.outputs)
             per_iteration = [program.blobs[n].nbytes for n in homes(program.plan)
-                             if n not in executor.shared]
+                             if n not in executor.shared and n not in twice]
             assert sum(per_iteration) <= arena
+            assert 2 * sum(program.blobs[n].nbytes for n in twice) <= ring
         moved_state = {n for program in executor.programs.values()
                        for n in crossing(program.plan) if n in executor.shared}
         swapped_state = sum(executor.shared[n].nbytes for n in moved_state)
-        assert sum(first) == arena + swapped_state
+        assert sum(first) == arena + ring + swapped_state
     resident = resident_bytes(net, net.schedule(("momentum",)))
     with new_device("cuda", resident) as device, counting_launches(run=False):
         off = LmsExecutor(make_net(RESNET, batches[0]), device, SGD(0.01, momentum=0.9),
@@ -300,4 +305,7 @@ def test_only_what_crosses_the_link_is_page_locked_in_one_arena_for_every_progra
         locked_off = {n for n, b in off.blobs.items() if b.page_locked}
         assert locked_off == set(off.plan.host_inputs) | set(off.plan.outputs) | {"loss.grad"}
         figure = host_memory(off.plan, "cuda")       # the parameters' homes are not pinned
-        assert figure.pinned == sum(off.blobs[n].nbytes for n in locked_off) < figure.home_bytes
+        # each of them twice: the ring's two homes
+        assert figure.pinned == 2 * sum(off.blobs[n].nbytes for n in locked_off) < \
+            figure.home_bytes
+        assert off.ring.nbytes >= figure.pinned

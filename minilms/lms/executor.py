@@ -23,6 +23,7 @@ from ..layers.recompute import rerun_forward
 from ..layers.split import add_sums, part_io
 from ..net import Net, Step
 from ..sizes import format_bytes
+from .ring import Pending
 
 
 class Executor:
@@ -46,6 +47,18 @@ class Executor:
         for blob in self.blobs.values():
             if blob.role == "optimizer_state":
                 blob.mutable_host_data()[...] = 0
+
+    def iterate(self, inputs: dict, train: bool = True) -> dict:
+        """Run one iteration on ``inputs`` (host arrays by input name) and wait for the device:
+        the loss and accuracy values by name, and every host copy up to date. ``submit`` returns
+        before the device is done (a training loop that reads an iteration's loss after issuing
+        the next keeps a GPU busy)."""
+        pending = self.submit(inputs, train)
+        self.device.synchronize()
+        return pending.result()
+
+    def submit(self, inputs: dict, train: bool = True) -> Pending:
+        raise NotImplementedError
 
     def outputs(self) -> list[str]:
         return [layer.top[0] for layer in self.net.layers
@@ -240,9 +253,10 @@ class ResidentExecutor(Executor):
         self.initialise(seed)
 
     # -- one iteration ---------------------------------------------------------------------------
-    def iterate(self, inputs: dict, train: bool = True) -> dict:
-        """Run the schedule once on ``inputs`` (host arrays by input name); returns the loss and
-        accuracy blobs' values. Without a solver, or with ``train=False``, only forward runs."""
+    def submit(self, inputs: dict, train: bool = True) -> Pending:
+        """Run the schedule once on ``inputs`` (host arrays by input name) and wait for it (the
+        reference keeps it simple); the loss and accuracy blobs' values come from the
+        ``Pending``. Without a solver, or with ``train=False``, only forward runs."""
         solver = self.solver if train else None
         if solver is not None:
             solver.begin_iteration(self.iteration)
@@ -257,7 +271,8 @@ class ResidentExecutor(Executor):
                 self.run_step(index, step, train, solver)
         self.device.synchronize()
         self.end_iteration_trace(started, train)
-        return {name: float(self.blobs[name].host_data()[0]) for name in self.outputs()}
+        return Pending(self.iteration, values={name: float(self.blobs[name].host_data()[0])
+                                               for name in self.outputs()})
 
     def _read(self, name):
         return self.blobs[name].device_data()

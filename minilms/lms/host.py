@@ -20,6 +20,9 @@
   at once, and the homes of their per-iteration blobs hold nothing from one iteration to the
   next, so they share one page-locked arena (``HomeArena``), as large as the largest program's,
   allocated when the executor meets a program that needs more, never per program.
+* **two of each**: the homes the host writes or reads every iteration (inputs, loss gradient
+  seeds, outputs) come twice (``RING_SLOTS``), so that the host writes one iteration's inputs
+  while the device still reads the last one's (``minilms.lms.ring``).
 * **batches**: the data loader (``minilms.datasets.BatchLoader``) holds ``prefetch + 2`` batches
   at once (``loader_batches``): the one training, ``prefetch`` waiting, and one being made.
 
@@ -35,6 +38,14 @@ import numpy as np
 from ..blob import State
 from ..sizes import format_bytes
 from .plan import Plan
+
+RING_SLOTS = 2   # sets of homes for what the host writes and reads every iteration (lms.ring)
+
+
+def ring_blobs(plan: Plan) -> list[str]:
+    """The blobs of ``plan`` the host writes (inputs, loss gradient seeds) or reads (outputs)
+    every iteration: each has ``RING_SLOTS`` homes, used in turn."""
+    return [name for name in plan.blobs if name in set(plan.host_inputs) | set(plan.outputs)]
 
 
 def homes(plan: Plan) -> list[str]:
@@ -67,7 +78,7 @@ def batch_bytes(plan: Plan) -> int:
 class HostMemory:
     """The host memory a plan needs on a ``device_kind`` device, beyond the process itself."""
     device_kind: str
-    homes: dict = field(repr=False)   # blob name -> bytes of its host copy
+    homes: dict = field(repr=False)   # blob name -> bytes of its host copies (RING_SLOTS of some)
     crossing: frozenset = field(repr=False)   # the homes page-locked on cuda (``crossing``)
     pool: int                         # the pool's arena on ``cpu`` (host RAM); 0 on ``cuda``
     batches: int                      # the loader's batches
@@ -137,7 +148,9 @@ def host_memory(plan: Plan, device_kind: str, batches: int = 0) -> HostMemory:
     (measured) for what a run's resident memory peaks at."""
     if device_kind not in ("cpu", "cuda"):
         raise ValueError(f"device kind must be cpu or cuda, found {device_kind!r}")
-    return HostMemory(device_kind, {n: plan.blobs[n].nbytes for n in homes(plan)},
+    ring = set(ring_blobs(plan))
+    return HostMemory(device_kind, {n: plan.blobs[n].nbytes * (RING_SLOTS if n in ring else 1)
+                                    for n in homes(plan)},
                       frozenset(crossing(plan)), plan.capacity if device_kind == "cpu" else 0,
                       batches * batch_bytes(plan), batches)
 
@@ -152,10 +165,27 @@ class HomeArena:
         self.device = device
         self.buffer = None
         self.sharing = None    # the program whose homes the buffer holds now
+        self.homes: list = []  # theirs, in the order they were carved
 
     @property
     def nbytes(self) -> int:
         return 0 if self.buffer is None else self.buffer.nbytes
+
+    def carve(self, owner, blobs: list) -> list:
+        """Homes for ``blobs`` out of the arena, in order, for ``owner`` (the same ones again while
+        ``owner`` holds the arena): allocated again only when they need more than it holds."""
+        if owner is self.sharing:
+            return self.homes
+        offsets, end = [], 0
+        for blob in blobs:
+            offsets.append(end)
+            end += -(-blob.nbytes // self.ALIGN) * self.ALIGN
+        if end > self.nbytes:
+            self.buffer = self.device.alloc_host((end,), np.uint8, page_locked=True)
+        self.homes = [self.buffer[offset:offset + blob.nbytes].view(blob.dtype).reshape(blob.shape)
+                      for blob, offset in zip(blobs, offsets)]
+        self.sharing = owner
+        return self.homes
 
     def share(self, owner, blobs: list) -> None:
         """Make ``blobs`` (never parameters or optimizer state: their homes outlive an
@@ -164,15 +194,7 @@ class HomeArena:
         ``uninitialized``: its home holds another program's bytes."""
         if owner is self.sharing:
             return
-        offsets, end = [], 0
-        for blob in blobs:
-            offsets.append(end)
-            end += -(-blob.nbytes // self.ALIGN) * self.ALIGN
-        if end > self.nbytes:
-            self.buffer = self.device.alloc_host((end,), np.uint8, page_locked=True)
-        for blob, offset in zip(blobs, offsets):
-            home = self.buffer[offset:offset + blob.nbytes].view(blob.dtype).reshape(blob.shape)
+        for blob, home in zip(blobs, self.carve(owner, blobs)):
             blob.share_home(home, page_locked=True)
             if not blob.placed:
                 blob.state = State.UNINITIALIZED
-        self.sharing = owner

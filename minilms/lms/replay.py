@@ -46,8 +46,9 @@ from ..blob import Blob, State
 from ..net import Net
 from .cost import CostModel, plan_for
 from .executor import Executor
-from .host import HomeArena, HostMemory, crossing, homes, host_memory
+from .host import HomeArena, HostMemory, crossing, homes, host_memory, ring_blobs
 from .plan import Plan, Policy
+from .ring import HomeRing, Pending
 
 
 @dataclass
@@ -154,6 +155,8 @@ class LmsExecutor(Executor):
         self.state_names = tuple(solver.state_names) if solver else ()
         self.shared: dict[str, Blob] = {}       # parameters and optimizer state, by name
         self.arena = HomeArena(device)         # the per-iteration homes of every program
+        self.ring = HomeRing(device)           # two of each home the host writes or reads
+        self._ended = None     # an event after the last iteration's last copy (on d2h)
         self.programs: dict = {}
         self.current: Program | None = None
         self.stall_seconds = 0.0   # cpu: time compute waited for copies, last iteration
@@ -192,13 +195,33 @@ class LmsExecutor(Executor):
         return self.programs[key]
 
     def _share_homes(self, program: Program) -> None:
-        """Give ``program``'s per-iteration blobs their homes out of the arena, and each chunk of
-        a split step the rows of its parent's home."""
+        """Give ``program``'s per-iteration blobs their homes out of the arena (what the host
+        writes or reads every iteration: out of the ring, ``_use_slot``), and each chunk of a
+        split step the rows of its parent's home."""
         plan, blobs = program.plan, program.blobs
-        self.arena.share(program, [blobs[n] for n in homes(plan) if n not in self.shared])
+        ring = ring_blobs(plan)
+        self.arena.share(program, [blobs[n] for n in homes(plan)
+                                   if n not in self.shared and n not in ring])
+        self.ring.share(program, [blobs[n] for n in ring])
+        self._use_slot(self.ring.slots[self.ring.turn])
         for name, (parent, n0, n1) in plan.chunks.items():
-            home = blobs[parent].ensure_home()
-            blobs[name].share_home(home[n0:n1], blobs[parent].page_locked)
+            if parent not in ring:
+                home = blobs[parent].ensure_home()
+                blobs[name].share_home(home[n0:n1], blobs[parent].page_locked)
+
+    def _use_slot(self, slot, written=()) -> None:
+        """Give the ring's blobs (inputs, seeds, outputs) the homes of ``slot``, and their chunks
+        rows of those. The blobs the host writes now (``written``) just take theirs; the others'
+        homes are stale (``Blob.move_home``)."""
+        blobs, chunks = self.blobs, self.current.plan.chunks
+        for name, home in slot.homes.items():
+            if name in written:
+                blobs[name].share_home(home, page_locked=True)
+            else:
+                blobs[name].move_home(home, page_locked=True)
+        for name, (parent, n0, n1) in chunks.items():
+            if parent in slot.homes:
+                blobs[name].share_home(slot.homes[parent][n0:n1], page_locked=True)
 
     def _activate(self, program: Program) -> None:
         if program is self.current:
@@ -220,6 +243,7 @@ class LmsExecutor(Executor):
         read every parameter on the host)."""
         if self.current is None:
             return
+        self.ring.settle()
         for name in self.current.plan.pinned:
             blob = self.blobs[name]
             keep = blob.role in ("param", "optimizer_state")
@@ -244,9 +268,11 @@ class LmsExecutor(Executor):
         self.device.synchronize()
 
     # -- one iteration ---------------------------------------------------------------------------
-    def iterate(self, inputs: dict, train: bool = True) -> dict:
-        """Run one iteration on ``inputs`` (host arrays by input name) under the plan for their
-        shapes; returns the loss and accuracy values. ``train=False``: forward only."""
+    def submit(self, inputs: dict, train: bool = True) -> Pending:
+        """Issue one iteration on ``inputs`` (host arrays by input name) under the plan for their
+        shapes, and return at once: its outputs come from the ``Pending`` (``minilms.lms.ring``).
+        The host may write the next iteration's inputs now; other host copies are not valid until
+        ``sync_state`` (or ``iterate``, which waits for everything). ``train=False``: forward."""
         solver = self.solver if train else None
         shapes = {name: (value.shape, value.dtype) for name, value in inputs.items()}
         net = self.net if shapes == self.net.inputs else self.net.with_inputs(shapes)
@@ -256,17 +282,22 @@ class LmsExecutor(Executor):
             self.iteration += 1
             if self.reducer is not None:
                 self.reducer.begin_iteration(self.iteration)
+        plan = self.current.plan
+        seeds = [f"{loss}.grad" for loss in self.net.loss_blobs] if solver is not None else []
+        slot = self.ring.take()       # waits for the loads and outputs of two iterations ago
+        self._use_slot(slot, written=set(inputs) | set(seeds))
         for name, value in inputs.items():
             self.blobs[name].mutable_host_data(overwrite=True)[...] = value
-        plan = self.current.plan
-        if solver is not None:
-            for loss in self.net.loss_blobs:
-                self.blobs[f"{loss}.grad"].mutable_host_data(overwrite=True)[...] = 1.0
+        for seed in seeds:
+            self.blobs[seed].mutable_host_data(overwrite=True)[...] = 1.0
         device = self.device
         compute = device.compute_stream
         program, stall, events_at = self.current, 0.0, {}
         started = self.begin_iteration_trace()
         on = {"h2d": device.h2d_stream, "d2h": device.d2h_stream}
+        if self._ended is not None:   # the last iteration's copies out of the space it reuses
+            self._ended.wait(compute)
+            self._ended.wait(on["h2d"])
         for index, (step_plan, (_, streams, waits), issue) in enumerate(zip(
                 plan.steps, program.copying, program.issue)):
             if streams:
@@ -292,10 +323,16 @@ class LmsExecutor(Executor):
         self._after_compute(("h2d", "d2h"))
         for action in plan.epilogue:
             self._apply(action, device.copy_stream(action.copies or "d2h"))
-        device.synchronize()
+        slot.loaded, self._ended = device.event(), device.event()
+        slot.loaded.record(on["h2d"])
+        self._ended.record(on["d2h"])
+        slot.pending = Pending(self.iteration, {n: slot.homes[n] for n in plan.outputs},
+                               self._ended)
+        if events.listening:        # the trace reads the kernels' times: it waits for them
+            device.synchronize()
         self.end_iteration_trace(started, train)
         self.stall_seconds = stall if device.kind == "cpu" else float("nan")
-        return {name: float(self.blobs[name].host_data()[0]) for name in plan.outputs}
+        return slot.pending
 
     def _after_compute(self, streams) -> None:
         """Order the copy ``streams`` (directions) after the kernels issued so far (on ``cpu``

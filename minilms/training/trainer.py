@@ -22,7 +22,7 @@ import csv
 import json
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -36,6 +36,7 @@ from ..lms.bounds import resident_bytes
 from ..lms.cost import CostModel, measure_cpu
 from ..lms.host import host_memory, loader_batches
 from ..lms.replay import LmsExecutor
+from ..lms.ring import Pending
 from ..schedules import make_schedule
 from ..sizes import format_bytes
 from ..solver import SGD, Adam
@@ -60,6 +61,17 @@ def make_solver(section):
                     weight_decay=section.weight_decay)
     return SGD(section.lr, momentum=section.momentum, nesterov=section.nesterov,
                weight_decay=section.weight_decay)
+
+
+@dataclass(frozen=True)
+class Issued:
+    """An iteration the loop issued and has not read yet, with what its log line says."""
+    pending: Pending
+    iteration: int      # counted from 0
+    images: int         # in the batch, over every rank
+    lr: float
+    stall_ms: float     # the executor's, measured while it was issued (cpu)
+    tick: float         # when the loop started issuing it
 
 
 class Trainer:
@@ -246,13 +258,14 @@ class Trainer:
         self.say(self.describe())
         self.share_state()
         started, last = time.perf_counter(), {}
-        self.reduce_wait = 0.0
+        self.reduce_wait, self._read_at = 0.0, started
         while self.epoch < self.epochs and self.executor.iteration < self.total_iters:
             self.loader.set_epoch(self.epoch)
             bar = tqdm(total=len(self.loader), initial=self.start_batch, leave=False,
                        desc=f"epoch {self.epoch + 1}/{self.epochs}", disable=self.quiet,
                        mininterval=0.5, dynamic_ncols=True)
             batch_number = self.start_batch
+            issued = None   # the iteration issued last: read once the next one is issued
             for batch_number, (images, labels) in enumerate(self.loader):
                 if batch_number < self.start_batch:
                     continue               # resumed mid-epoch: these were trained already
@@ -262,29 +275,17 @@ class Trainer:
                 self.solver.lr = self.schedule(iteration)
                 tick = time.perf_counter()
                 self.check_labels(labels, batch_number)
-                out = self.executor.iterate({"data": images, "label": labels})
-                seconds = time.perf_counter() - tick
-                values = [out[self.loss_name], out.get(self.accuracy_name, math.nan)]
-                if world.distributed:       # the mean over ranks (each rank's batch is as big)
-                    values = world.sum(values, "averaging the loss") / world.size
+                pending = self.executor.submit({"data": images, "label": labels})
+                if world.distributed:
                     self.reduce_wait += self.reducer.wait_seconds
-                last = {"loss": float(values[0]), "accuracy": float(values[1])}
-                if not math.isfinite(last["loss"]) and train.on_nonfinite_loss == "stop":
-                    raise DivergedError(
-                        f"iteration {iteration + 1}: the loss is {last['loss']} (lr "
-                        f"{self.solver.lr:g}): training stopped; lower solver.lr, or set "
-                        "train.on_nonfinite_loss=continue to train on")
-                images_per_s = len(labels) * world.size / seconds
-                bar.update(1)
-                bar.set_postfix(loss=f"{last['loss']:.3f}", acc=f"{last['accuracy']:.3f}",
-                                img_s=f"{images_per_s:.0f}", mib_it=f"{moved:.1f}",
-                                refresh=False)
-                if (iteration + 1) % train.log_every == 0 or iteration == 0:
-                    log.write(split="train", epoch=self.epoch, iteration=iteration + 1, **last,
-                              lr=self.solver.lr, images_per_s=images_per_s,
-                              mib_moved=moved, stall_ms=self.executor.stall_seconds * 1e3)
+                if issued is not None:
+                    last = self.read_out(issued, bar, log, moved)
+                issued = Issued(pending, iteration, len(labels) * world.size, self.solver.lr,
+                                self.executor.stall_seconds * 1e3, tick)
             else:
                 batch_number = len(self.loader)
+            if issued is not None:
+                last = self.read_out(issued, bar, log, moved)
             bar.close()
             finished_epoch = batch_number >= len(self.loader)
             if finished_epoch:
@@ -312,6 +313,32 @@ class Trainer:
             (run_dir / "summary.json").write_text(
                 json.dumps(finite_or_null(summary), indent=2, allow_nan=False) + "\n")
         return summary
+
+    def read_out(self, issued: "Issued", bar, log, moved: float) -> dict:
+        """An iteration's loss and accuracy, read after the next iteration was issued (so that a
+        GPU has the next one queued while the host waits for these): checked, shown, logged."""
+        values = [issued.pending.result()[self.loss_name],
+                  issued.pending.result().get(self.accuracy_name, math.nan)]
+        world, train = self.world, self.config.train
+        if world.distributed:       # the mean over ranks (each rank's batch is as big)
+            values = world.sum(values, "averaging the loss") / world.size
+        last = {"loss": float(values[0]), "accuracy": float(values[1])}
+        if not math.isfinite(last["loss"]) and train.on_nonfinite_loss == "stop":
+            raise DivergedError(
+                f"iteration {issued.iteration + 1}: the loss is {last['loss']} (lr "
+                f"{issued.lr:g}): training stopped; lower solver.lr, or set "
+                "train.on_nonfinite_loss=continue to train on")
+        now = time.perf_counter()
+        images_per_s = issued.images / (now - max(issued.tick, self._read_at))
+        self._read_at = now
+        bar.update(1)
+        bar.set_postfix(loss=f"{last['loss']:.3f}", acc=f"{last['accuracy']:.3f}",
+                        img_s=f"{images_per_s:.0f}", mib_it=f"{moved:.1f}", refresh=False)
+        if (issued.iteration + 1) % train.log_every == 0 or issued.iteration == 0:
+            log.write(split="train", epoch=self.epoch, iteration=issued.iteration + 1, **last,
+                      lr=issued.lr, images_per_s=images_per_s, mib_moved=moved,
+                      stall_ms=issued.stall_ms)
+        return last
 
     def evaluate(self, log, finished_epoch: bool = True) -> dict:
         total = {"loss": 0.0, "accuracy": 0.0}
