@@ -109,3 +109,18 @@ def test_the_cuda_model_runs_its_host_ahead_and_the_cpu_model_adds_it():
         assert model.host_runs_ahead == ahead
         assert host + device == pytest.approx(model.step_seconds(net, step))
         assert host == (model.step_seconds_fixed if ahead else 0.0)
+
+
+def test_a_gpu_step_is_the_larger_of_its_flop_and_memory_times_the_cpu_adds_them():
+    """A roofline on a GPU (its loads run under its arithmetic), the sum on the cpu device: a
+    step whose FLOP time and memory time are both known, at rates made to give round numbers."""
+    from minilms import zoo
+    from minilms.net import Net
+    net = Net(zoo.lenet(num_classes=10), {"data": ((2, 1, 28, 28), "float32"),
+                                          "label": ((2,), "int32")})
+    step = next(s for s in net.schedule() if net.layer[s.layer].type == "Convolution")
+    flops = net.layer[step.layer].flops()
+    touched = sum(net.blobs[name].nbytes for name in set(step.blobs))
+    for roofline, expected in ((True, 3.0), (False, 5.0)):
+        model = CostModel(flops / 2.0, touched / 3.0, 1.0, "test", 0.0, 0.0, roofline=roofline)
+        assert model.step_seconds(net, step) == pytest.approx(expected)

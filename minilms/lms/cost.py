@@ -11,8 +11,9 @@ landed and no copy is still using the space it writes. The time compute waits fo
 *stall*; prefetching moves loads under earlier compute, and a swap-out runs beside a load.
 
 Step times come from the layers' FLOPs and the bytes each step touches, at rates a ``CostModel``
-states (defaults per device kind; ``measure_cpu`` takes this machine's), plus a fixed cost per
-step (dispatch and launches). Copies take ``bytes / link`` plus a fixed cost per copy (the hand-off
+states (defaults per device kind; ``measure_cpu`` takes this machine's), added on the ``cpu``
+device and the larger of the two on a GPU (``roofline``), plus a fixed cost per step (dispatch
+and launches). Copies take ``bytes / link`` plus a fixed cost per copy (the hand-off
 to the copy thread or engine). The model ranks plans; the executor's trace measures them.
 
 ``auto`` is the Caffe tuning guideline computed instead of tried: over pinning thresholds
@@ -56,6 +57,8 @@ GB = 1e9
 GPU_FP32_PEAK = 51.2e12      # FLOP/s: an H100 PCIe, 114 SMs x 128 FP32 lanes x 2 x 1.755 GHz
 CONV_SHARE_OF_PEAK = 0.18    # what the convolutions reached of the peak, measured (H200)
 GPU_MEMORY = 2.0e12          # bytes/s: its HBM2e
+MEMORY_SHARE_OF_PEAK = 0.10  # what the memory-bound layers reached of the HBM's rate, each blob a
+#                              step touches counted once, measured (H200)
 GPU_LINK = 25 * GB           # bytes/s: PCIe 4.0 x16 as copies reach it, where no link is named
 LAUNCH_SECONDS = 20e-6       # host time a launch costs: a launcher and prepared_launch (H100 host)
 LAUNCHES_PER_STEP = 2.55     # scripts/launch_count.py: ResNet-18 launches 459 times in 180 steps
@@ -79,6 +82,10 @@ class CostModel:
     # fixed cost is a host stream's time beside the device's, not added to it (the cpu device
     # runs its kernels on the host: added)
     host_runs_ahead: bool = False
+    # a GPU kernel's loads and stores run under its arithmetic (thousands of threads in flight),
+    # so a step's work is the larger of its FLOP time and its memory time, a roofline; the cpu
+    # device's kernels run on two cores that wait for memory: the sum
+    roofline: bool = False
 
     @classmethod
     def for_device(cls, kind: str, link=None) -> "CostModel":
@@ -86,18 +93,19 @@ class CostModel:
         link's where one is modelled (and never above memory's). The GPU's come from the
         kernels: FLOP/s the FP32 peak times the share the convolutions reached on a GPU
         (``cuda_flops``), a step its launches' host time and the executor's own
-        (``LAUNCHES_PER_STEP x LAUNCH_SECONDS + HOST_STEP_SECONDS``: 106 us)."""
+        (``LAUNCHES_PER_STEP x LAUNCH_SECONDS + HOST_STEP_SECONDS``: 106 us), memory its
+        HBM's rate times the share the memory-bound layers reached (``MEMORY_SHARE_OF_PEAK``)."""
         if kind == "cpu":
             flops, memory, copy, fixed = 40e9, 8 * GB, 6 * GB, (100e-6, 30e-6)
         else:
-            flops, memory, copy = cuda_flops(), GPU_MEMORY, GPU_LINK
+            flops, memory, copy = cuda_flops(), GPU_MEMORY * MEMORY_SHARE_OF_PEAK, GPU_LINK
             fixed = (LAUNCHES_PER_STEP * LAUNCH_SECONDS + HOST_STEP_SECONDS, COPY_SECONDS)
         # a GPU copies at the link's rate; the cpu device no faster than memory
         if link is not None:
             copy = link.bytes_per_second if kind == "cuda" else min(copy, link.bytes_per_second)
         what = f"{kind}, link {link.name}" if link is not None else kind
         return cls(flops, memory, copy, what if kind == "cpu" else f"{what} (predicted)",
-                   *fixed, host_runs_ahead=kind != "cpu")
+                   *fixed, host_runs_ahead=kind != "cpu", roofline=kind != "cpu")
 
     def with_link(self, link) -> "CostModel":
         copy = self.memory_bytes_per_second if link is None else \
@@ -118,7 +126,8 @@ class CostModel:
         if step.part is not None:     # a sub-step: its chunk's share of one pass over the batch
             flops *= share_of_flops(layer, step.part)
         touched = sum(net.blobs[name].nbytes for name in set(step.blobs))
-        work = flops / self.flops_per_second + touched / self.memory_bytes_per_second
+        compute, memory = flops / self.flops_per_second, touched / self.memory_bytes_per_second
+        work = max(compute, memory) if self.roofline else compute + memory
         if self.host_runs_ahead:
             return self.step_seconds_fixed, work
         return 0.0, self.step_seconds_fixed + work
@@ -130,7 +139,8 @@ class CostModel:
         return (f"{self.name}: {self.flops_per_second / 1e9:.0f} GFLOP/s, memory "
                 f"{self.memory_bytes_per_second / GB:.1f} GB/s, copies "
                 f"{self.copy_bytes_per_second / GB:.1f} GB/s, {self.step_seconds_fixed * 1e6:.0f} "
-                f"us a step{' of host time, beside the device' if self.host_runs_ahead else ''}, "
+                f"us a step{' of host time, beside the device' if self.host_runs_ahead else ''}"
+                f"{', its work the larger of FLOPs and bytes' if self.roofline else ''}, "
                 f"{self.copy_seconds_fixed * 1e6:.0f} us a copy")
 
 

@@ -79,8 +79,9 @@ def test_the_live_sass_reproduces_the_record():
 def test_the_cuda_cost_model_takes_its_constants_from_the_kernels():
     """``policy: auto`` on cuda decides on the kernels' own figures, marked predicted: FLOP/s is
     the FP32 peak times the share the convolutions reached on a GPU, below the ceiling of the
-    GEMM's FFMA share (which is the least in the record, rounded down); a step costs its
-    launches' host time and the executor's."""
+    GEMM's FFMA share (which is the least in the record, rounded down); memory the HBM's rate
+    times the share the memory-bound layers reached, a step's work the larger of the two (a
+    roofline); a step costs its launches' host time and the executor's."""
     from minilms.device.link import parse_link
     from minilms.lms import cost
     record = json.loads(RECORD.read_text())["kernels"].values()
@@ -91,6 +92,8 @@ def test_the_cuda_cost_model_takes_its_constants_from_the_kernels():
     assert model.flops_per_second < cost.GPU_FP32_PEAK * gemm.INNER_LOOP_FFMA_SHARE  # ceiling
     assert model.step_seconds_fixed == \
         cost.LAUNCHES_PER_STEP * cost.LAUNCH_SECONDS + cost.HOST_STEP_SECONDS
+    assert model.memory_bytes_per_second == cost.GPU_MEMORY * cost.MEMORY_SHARE_OF_PEAK  # measured
+    assert model.roofline and not cost.CostModel.for_device("cpu").roofline
     assert "predicted" in model.describe()
     link = parse_link("pcie3")
     assert cost.CostModel.for_device("cuda", link).copy_bytes_per_second == link.bytes_per_second
