@@ -23,10 +23,9 @@ time; then the prefetch distance, likewise.
 The choice is planned in full, so it always fits; a candidate that can no longer beat the best
 so far is cut short while it is planned (``auto_plan``), which does not change the choice.
 
-Swap or recompute (issue 21; the planner does not recompute yet): ``swap_seconds`` is what sending
-a blob home and bringing it back costs on the link (two copies); ``recompute_seconds`` what
-rebuilding it costs by re-running the forwards that made it (``recompute_step``: its producer's
-forward as a recompute reads and writes it, costed by ``CostModel.step_seconds`` like any step).
+Swap or recompute (``lms.recompute`` chooses): ``swap_seconds`` is two copies on the link;
+``recompute_seconds`` re-running the forwards that made the blob (``recompute_step``, costed by
+``CostModel.step_seconds`` like any step).
 """
 import time
 from dataclasses import dataclass, replace
@@ -47,18 +46,15 @@ from .substeps import plan_split, share_of_flops
 
 GB = 1e9
 
-# The cuda device's constants, for an H100 PCIe, each from the kernels themselves or measured on
-# an H100 SXM and an H200 (the figures behind them: docs/benchmarks.md, "CUDA on an H100" and
-# "... on an H200"); the model as a whole is a prediction. The FLOP rate is what the
-# convolutions reached, well under the GEMM's bound on large matrices
-# (kernels.gemm.INNER_LOOP_FFMA_SHARE): their products are small, batched and fed by im2col. A
-# step's host time is built from its parts: its launches, through a launcher and
-# kernels/prepared_launch.py, plus the executor's own Python work.
+# The cuda device's constants, for an H100 PCIe, from the kernels themselves or measured on an
+# H100 SXM and an H200 (docs/benchmarks.md, "CUDA on an H100" and "... on an H200"); the model as
+# a whole is a prediction. The FLOP rate is what the convolutions reached, under the GEMM's bound
+# (kernels.gemm.INNER_LOOP_FFMA_SHARE); a step's host time is its launches (a launcher and
+# kernels/prepared_launch.py) plus the executor's own Python work.
 GPU_FP32_PEAK = 51.2e12      # FLOP/s: an H100 PCIe, 114 SMs x 128 FP32 lanes x 2 x 1.755 GHz
 CONV_SHARE_OF_PEAK = 0.18    # what the convolutions reached of the peak, measured (H200)
 GPU_MEMORY = 2.0e12          # bytes/s: its HBM2e
-MEMORY_SHARE_OF_PEAK = 0.10  # what the memory-bound layers reached of the HBM's rate, each blob a
-#                              step touches counted once, measured (H200)
+MEMORY_SHARE_OF_PEAK = 0.10  # what memory-bound layers reached of it (a blob counted once), H200
 GPU_LINK = 25 * GB           # bytes/s: PCIe 4.0 x16 as copies reach it, where no link is named
 LAUNCH_SECONDS = 20e-6       # host time a launch costs: a launcher and prepared_launch (H100 host)
 LAUNCHES_PER_STEP = 2.55     # scripts/launch_count.py: ResNet-18 launches 459 times in 180 steps
@@ -82,19 +78,16 @@ class CostModel:
     # fixed cost is a host stream's time beside the device's, not added to it (the cpu device
     # runs its kernels on the host: added)
     host_runs_ahead: bool = False
-    # a GPU kernel's loads and stores run under its arithmetic (thousands of threads in flight),
-    # so a step's work is the larger of its FLOP time and its memory time, a roofline; the cpu
-    # device's kernels run on two cores that wait for memory: the sum
+    # a GPU kernel's memory traffic runs under its arithmetic: a step's work is the larger of
+    # the two times (a roofline); the cpu device's cores wait for memory: the sum
     roofline: bool = False
 
     @classmethod
     def for_device(cls, kind: str, link=None) -> "CostModel":
         """Typical rates: the ``cpu`` device of a small machine, or a GPU; the copy rate is the
-        link's where one is modelled (and never above memory's). The GPU's come from the
-        kernels: FLOP/s the FP32 peak times the share the convolutions reached on a GPU
-        (``cuda_flops``), a step its launches' host time and the executor's own
-        (``LAUNCHES_PER_STEP x LAUNCH_SECONDS + HOST_STEP_SECONDS``: 106 us), memory its
-        HBM's rate times the share the memory-bound layers reached (``MEMORY_SHARE_OF_PEAK``)."""
+        link's where one is modelled (never above memory's). A GPU's come from its kernels:
+        ``cuda_flops``, the HBM's rate times ``MEMORY_SHARE_OF_PEAK``, and a step's host time
+        ``LAUNCHES_PER_STEP x LAUNCH_SECONDS + HOST_STEP_SECONDS``."""
         if kind == "cpu":
             flops, memory, copy, fixed = 40e9, 8 * GB, 6 * GB, (100e-6, 30e-6)
         else:
@@ -145,10 +138,9 @@ class CostModel:
 
 
 def cuda_flops() -> float:
-    """The GPU's FLOP/s for the cost model: its FP32 peak times the share of it the
-    convolutions reached on a GPU (``CONV_SHARE_OF_PEAK``), under the ceiling the GEMM's
-    instruction mix sets (``INNER_LOOP_FFMA_SHARE``, the model's rate until the convolutions'
-    own was measured)."""
+    """The GPU's FLOP/s for the cost model: its FP32 peak times the share the convolutions
+    reached on a GPU (``CONV_SHARE_OF_PEAK``), under the ceiling the GEMM's instruction mix
+    sets (``INNER_LOOP_FFMA_SHARE``, the model's rate until the convolutions' was measured)."""
     return GPU_FP32_PEAK * min(CONV_SHARE_OF_PEAK, INNER_LOOP_FFMA_SHARE)
 
 

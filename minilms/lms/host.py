@@ -45,7 +45,8 @@ RING_SLOTS = 2   # sets of homes for what the host writes and reads every iterat
 def ring_blobs(plan: Plan) -> list[str]:
     """The blobs of ``plan`` the host writes (inputs, loss gradient seeds) or reads (outputs)
     every iteration: each has ``RING_SLOTS`` homes, used in turn."""
-    return [name for name in plan.blobs if name in set(plan.host_inputs) | set(plan.outputs)]
+    written_or_read = set(plan.host_inputs) | set(plan.outputs)
+    return [name for name in plan.blobs if name in written_or_read]
 
 
 def homes(plan: Plan) -> list[str]:

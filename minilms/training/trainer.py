@@ -18,7 +18,6 @@ over the ranks. Validation: each rank evaluates its unpadded shard and the sums 
 every sample counts once. Rank 0 alone writes metrics, checkpoints and the summary and shows
 progress; images/s counts the images of all ranks.
 """
-import csv
 import json
 import math
 import time
@@ -48,10 +47,9 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .distributed import GradientReducer, World, device_of, memory_share, sharers
+from .metrics import Metrics, NoMetrics, finite_or_null
 from .retention import prune_checkpoints
 
-METRICS = ("split", "epoch", "iteration", "loss", "accuracy", "lr", "images_per_s",
-           "mib_moved", "stall_ms")
 MiB = 2**20
 
 
@@ -317,8 +315,8 @@ class Trainer:
     def read_out(self, issued: "Issued", bar, log, moved: float) -> dict:
         """An iteration's loss and accuracy, read after the next iteration was issued (so that a
         GPU has the next one queued while the host waits for these): checked, shown, logged."""
-        values = [issued.pending.result()[self.loss_name],
-                  issued.pending.result().get(self.accuracy_name, math.nan)]
+        out = issued.pending.result()
+        values = [out[self.loss_name], out.get(self.accuracy_name, math.nan)]
         world, train = self.world, self.config.train
         if world.distributed:       # the mean over ranks (each rank's batch is as big)
             values = world.sum(values, "averaging the loss") / world.size
@@ -416,38 +414,6 @@ class Trainer:
         if self.reducer is not None:
             self.reducer.close()
         self.device.close()
-
-
-class Metrics:
-    """``metrics.jsonl`` and ``metrics.csv`` in the run directory, appended to (resume)."""
-
-    def __init__(self, run_dir: Path):
-        self.jsonl, self.csv = run_dir / "metrics.jsonl", run_dir / "metrics.csv"
-        if not self.csv.exists():
-            with self.csv.open("w", newline="") as f:
-                csv.DictWriter(f, METRICS).writeheader()
-
-    def write(self, **row) -> None:
-        row = finite_or_null({k: (round(v, 6) if isinstance(v, float) else v)
-                              for k, v in row.items()})
-        with self.jsonl.open("a") as f:
-            f.write(json.dumps(row, allow_nan=False) + "\n")
-        with self.csv.open("a", newline="") as f:
-            csv.DictWriter(f, METRICS).writerow(row)
-
-
-def finite_or_null(row: dict) -> dict:
-    """NaN and infinities as null (``None``): strict JSON has no NaN (the accuracy of a model
-    without an Accuracy layer, a diverged loss), and readers such as ``jq`` reject it."""
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in row.items()}
-
-
-class NoMetrics:
-    """What ranks other than 0 log to."""
-
-    def write(self, **row) -> None:
-        pass
 
 
 def record_trace(enabled: bool, trainer: Trainer):
