@@ -31,28 +31,68 @@ from .split import SplitRule, samples
 
 
 class MaskStaging:
-    """Where a mask is drawn on the host before it is copied to a ``cuda`` device: a page-locked
-    buffer, so that the copy is asynchronous on the step's stream (from pageable memory CUDA
-    stages the bytes and the host waits), reused from step to step. ``take`` waits for the last
-    copy out of it (long done, as a rule) before it is overwritten."""
+    """Where masks are drawn on the host before they are copied to a ``cuda`` device: page-locked
+    buffers, so that a copy is asynchronous on the step's stream (from pageable memory CUDA
+    stages the bytes and the host waits), reused from step to step.
 
-    def __init__(self):
-        self.buffer, self.copied = None, None
+    The host issues an iteration while the device may still run the last one (``submit``), and
+    a split step draws a mask per chunk: a buffer whose copy the device has not made yet cannot
+    be redrawn. ``take`` hands out the buffers in turn and adds one rather than wait for a copy
+    still pending, up to ``MAX_BUFFERS``; only then does the host wait, for the oldest copy.
+    ``pinned(size)`` and ``event()`` make the buffers and the events that say when their copies
+    are done (numba's by default)."""
+
+    MAX_BUFFERS = 8
+
+    def __init__(self, pinned=None, event=None):
+        self._pinned, self._event = pinned, event
+        self.buffers, self.copied = [], []   # a buffer and the event after its last copy (or None)
+        self.turn, self.size, self.waits = 0, 0, 0
+
+    def _factories(self):
+        if self._pinned is None:
+            from numba import config, cuda
+            self._pinned = lambda size: cuda.pinned_array(size, np.uint8)
+            # an event that only orders keeps no time (the simulator's takes no arguments)
+            self._event = cuda.event if config.ENABLE_CUDASIM else \
+                (lambda: cuda.event(timing=False))
+        return self._pinned, self._event
 
     def take(self, shape) -> np.ndarray:
-        from numba import config, cuda
+        pinned, _ = self._factories()
         size = int(np.prod(shape))
-        if self.buffer is None or self.buffer.size < size:
-            self.buffer = cuda.pinned_array(size, np.uint8)
-            # an event that only orders keeps no time (the simulator's takes no arguments)
-            self.copied = cuda.event() if config.ENABLE_CUDASIM else cuda.event(timing=False)
-        else:
-            self.copied.synchronize()
-        return self.buffer[:size].reshape(shape)
+        if size > self.size:              # a larger mask: every buffer anew (copies pending from
+            for event in self.copied:     # the old ones must not see them freed)
+                if event is not None:
+                    event.synchronize()
+            self.buffers, self.copied, self.turn, self.size = [], [], 0, size
+        if self.buffers and not _done(self.copied[self.turn]):
+            if len(self.buffers) < self.MAX_BUFFERS:      # still copying: one more buffer
+                self.buffers.insert(self.turn, pinned(self.size))
+                self.copied.insert(self.turn, None)
+            else:
+                self.waits += 1
+                self.copied[self.turn].synchronize()
+        elif not self.buffers:
+            self.buffers, self.copied = [pinned(self.size)], [None]
+        self.current = self.turn
+        self.turn = (self.turn + 1) % len(self.buffers)
+        return self.buffers[self.current][:size].reshape(shape)
 
     def copy(self, host: np.ndarray, dst, stream=None) -> None:
+        """Copies ``host`` (the buffer ``take`` gave last) to ``dst`` on ``stream`` and records
+        when that is done."""
+        _, event = self._factories()
         dst.copy_to_device(host, stream=stream or 0)
-        self.copied.record(stream or 0)
+        if self.copied[self.current] is None:
+            self.copied[self.current] = event()
+        self.copied[self.current].record(stream or 0)
+
+
+def _done(event) -> bool:
+    """Whether the copy before ``event`` is done (no event: none was made; the simulator's events,
+    which have no ``query``, follow copies that ran when they were issued)."""
+    return event is None or not hasattr(event, "query") or event.query()
 
 
 def _address(array) -> int:

@@ -145,3 +145,98 @@ def test_in_place_on_cuda():
     layer.forward(StepIO(bottom=[buf], top=[buf], saved={"mask": mask}, train=True,
                          rng=np.random.default_rng(0)))
     np.testing.assert_array_equal(buf.copy_to_host(), reference(x, 0.5)[0])
+
+
+class _Copy:
+    """A fake copy's event: done when the test says the device got there."""
+
+    def __init__(self, log):
+        self.log, self.done = log, False
+
+    def record(self, stream):
+        self.done = False
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.log.append("wait")
+        self.done = True
+
+
+class _Device:
+    """A fake device array: keeps what each copy brought."""
+
+    def __init__(self):
+        self.copies = []
+
+    def copy_to_device(self, host, stream=0):
+        self.copies.append(np.array(host))
+
+
+def _staging():
+    from minilms.layers.dropout import MaskStaging
+    log, events = [], []
+
+    def event():
+        events.append(_Copy(log))
+        return events[-1]
+
+    return MaskStaging(pinned=lambda size: np.zeros(size, np.uint8), event=event), log, events
+
+
+def test_mask_staging_adds_a_buffer_rather_than_wait_for_a_pending_copy():
+    """The host draws masks ahead of the device (the next iteration issued before this one ran,
+    a chunk's mask after another's): no buffer whose copy is pending is redrawn, and the host
+    waits only when every one of ``MAX_BUFFERS`` is still pending, for the oldest."""
+    staging, log, events = _staging()
+    dst = _Device()
+    taken = []
+    for value in range(staging.MAX_BUFFERS):
+        host = staging.take((2, 3))
+        host[...] = value
+        staging.copy(host, dst)
+        taken.append(host)
+    assert log == [] and len(staging.buffers) == staging.MAX_BUFFERS
+    assert len({h.__array_interface__["data"][0] for h in taken}) == staging.MAX_BUFFERS
+    assert [int(c[0, 0]) for c in dst.copies] == list(range(staging.MAX_BUFFERS))
+    # all pending: the next take waits for the oldest copy and reuses that buffer
+    again = staging.take((2, 3))
+    assert log == ["wait"] and staging.waits == 1 and events[0].done
+    assert again.__array_interface__["data"][0] == taken[0].__array_interface__["data"][0]
+    staging.copy(again, dst)
+    # the device catches up: buffers are reused in turn, none added, no wait
+    for event in events:
+        event.done = True
+    for _ in range(2 * staging.MAX_BUFFERS):
+        staging.copy(staging.take((2, 3)), dst)
+        events[(staging.current) % len(events)].done = True
+    assert log == ["wait"] and len(staging.buffers) == staging.MAX_BUFFERS
+
+
+def test_mask_staging_keeps_the_order_of_the_pending_copies():
+    """A buffer added while the oldest is pending goes before it: the oldest stays next."""
+    staging, log, events = _staging()
+    dst = _Device()
+    first = staging.take((4,))
+    staging.copy(first, dst)
+    second = staging.take((4,))            # first pending: a second buffer
+    staging.copy(second, dst)
+    events[0].done = True                  # the first copy is done, the second is not
+    third = staging.take((4,))
+    assert third.__array_interface__["data"][0] == first.__array_interface__["data"][0]
+    staging.copy(third, dst)
+    fourth = staging.take((4,))            # second and third pending: a third buffer
+    assert len(staging.buffers) == 3 and log == []
+    assert fourth.__array_interface__["data"][0] not in {
+        a.__array_interface__["data"][0] for a in (second, third)}
+
+
+def test_mask_staging_waits_for_every_copy_before_growing():
+    """A larger mask takes new buffers; the copies pending from the old ones finish first."""
+    staging, log, _ = _staging()
+    dst = _Device()
+    for _ in range(3):
+        staging.copy(staging.take((2, 2)), dst)
+    big = staging.take((3, 3))
+    assert log == ["wait"] * 3 and big.shape == (3, 3) and len(staging.buffers) == 1
