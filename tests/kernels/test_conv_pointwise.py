@@ -1,7 +1,7 @@
 """The 1x1 convolution engine (``kernels.direct.pointwise``) against a float64 einsum: forward,
-input gradient, weight and bias gradients, at stride 1 and 2, with short and long planes (the
-two ways its weight gradient runs) and chunks smaller than the batch; and the layer's ``auto``
-engine takes it for 1x1 convolutions."""
+input gradient, weight and bias gradients, at stride 1 and 2, with very short, short and long
+planes (the ways its GEMMs run: side by side or per sample) and chunks smaller than the batch;
+and the layer's ``auto`` engine takes it for 1x1 convolutions."""
 import numpy as np
 import pytest
 
@@ -34,6 +34,8 @@ CASES = [  # samples, channels, outputs, height, width, stride, chunk
     (5, 4, 6, 9, 7, 2, 2),       # strided, odd sizes, chunks of 2 (the last one short)
     (2, 3, 8, 33, 31, 2, 1),     # strided, plane 272, one sample a chunk
     (6, 8, 4, 4, 4, 1, 4),       # short plane, chunks of 4 (the second one short)
+    (3, 4, 5, 12, 12, 1, 2),     # plane 144: dW side by side, the forward and dx batched
+    (3, 5, 6, 23, 21, 2, 2),     # strided, plane 132, chunks of 2
 ]
 
 

@@ -7,6 +7,9 @@ weight as ``W [O, C]``::
     y[n]  = W @ x[n] (+ bias)             one batched matmul, written straight into y
     dx[n] = W^T @ dy[n]                   one batched matmul (strided: into the sub-grid,
                                           zeros elsewhere)
+                                          where P is very short (a 7x7 plane), each one GEMM
+                                          over a chunk's columns side by side, then dealt
+                                          back to the samples (``apart``)
     dW    = sum over n of dy[n] @ x[n]^T  a GEMM per sample, added in sample order; where a
                                           sample's P is short, one GEMM over a chunk's columns
                                           side by side (``[O, k * P] @ [C, k * P]^T``)
@@ -29,6 +32,9 @@ __all__ = ["applies", "workspace_elements", "forward", "input_grad", "weight_gra
 # A sample's columns per GEMM below which dW's GEMMs run over a chunk's columns side by side:
 # a GEMM with a short inner dimension is far from the machine's rate (docs/benchmarks.md).
 SHORT_PLANE = 256
+# Likewise for the forward and the input gradient, whose GEMMs' short dimension is their output's
+# width: below it the copies side by side and back cost less than they gain (measured).
+VERY_SHORT_PLANE = 100
 
 
 def applies(weight_shape, geometry) -> bool:
@@ -67,10 +73,18 @@ def forward(x, weight, bias, y, work, chunk, geometry) -> None:
     samples, out = y.shape[0], y.shape[1]
     w = weight.reshape(out, -1)
     y3 = y.reshape(samples, out, -1)
-    step = samples if not _strided(geometry) else chunk
-    for n0 in range(0, samples, step):
-        n1 = min(samples, n0 + step)
-        np.matmul(w, _gather(x, work, geometry, n0, n1), out=y3[n0:n1])
+    if y3.shape[2] < VERY_SHORT_PLANE:
+        for n0 in range(0, samples, chunk):
+            n1 = min(samples, n0 + chunk)
+            x_t, y_t = _columns(work, chunk, x.shape[1], out, n1 - n0, y3.shape[2])
+            _gather_side_by_side(x, x_t, geometry, n0, n1)
+            np.matmul(w, x_t, out=y_t)
+            apart(y_t, y3[n0:n1])
+    else:
+        step = samples if not _strided(geometry) else chunk
+        for n0 in range(0, samples, step):
+            n1 = min(samples, n0 + step)
+            np.matmul(w, _gather(x, work, geometry, n0, n1), out=y3[n0:n1])
     if bias is not None:
         y += bias.reshape(1, out, 1, 1)
 
@@ -80,10 +94,24 @@ def input_grad(dy, weight, dx, work, chunk, geometry) -> None:
     samples, out, channels = dy.shape[0], dy.shape[1], dx.shape[1]
     wt = weight.reshape(out, channels).T
     dy3 = dy.reshape(samples, out, -1)
+    (sh, sw), (out_h, out_w) = geometry[1], dy.shape[2:]
+    if dy3.shape[2] < VERY_SHORT_PLANE:
+        if _strided(geometry):
+            dx[...] = 0
+        for n0 in range(0, samples, chunk):
+            n1 = min(samples, n0 + chunk)
+            dx_t, dy_t = _columns(work, chunk, channels, out, n1 - n0, dy3.shape[2])
+            side_by_side(dy3[n0:n1], dy_t)
+            np.matmul(wt, dy_t, out=dx_t)
+            if _strided(geometry):
+                dx[n0:n1, :, :out_h * sh:sh, :out_w * sw:sw] = \
+                    dx_t.reshape(channels, n1 - n0, out_h, out_w).transpose(1, 0, 2, 3)
+            else:
+                apart(dx_t, dx[n0:n1].reshape(n1 - n0, channels, -1))
+        return
     if not _strided(geometry):
         np.matmul(wt, dy3, out=dx.reshape(samples, channels, -1))
         return
-    (sh, sw), (out_h, out_w) = geometry[1], dy.shape[2:]
     dx[...] = 0
     for n0 in range(0, samples, chunk):
         n1 = min(samples, n0 + chunk)
@@ -91,6 +119,24 @@ def input_grad(dy, weight, dx, work, chunk, geometry) -> None:
         np.matmul(wt, dy3[n0:n1], out=sub)
         dx[n0:n1, :, :out_h * sh:sh, :out_w * sw:sw] = sub.reshape(n1 - n0, channels, out_h,
                                                                    out_w)
+
+
+def _columns(work, chunk, channels, out, samples, plane):
+    """``[channels, samples * plane]`` and ``[out, samples * plane]`` from ``work``'s two parts
+    (``workspace_elements``' short-plane layout: ``chunk`` samples' ``out`` rows first)."""
+    width = samples * plane
+    return (work[chunk * out * plane:][:channels * width].reshape(channels, width),
+            work[:out * width].reshape(out, width))
+
+
+def _gather_side_by_side(x, x_t, geometry, n0, n1):
+    """``x[n0:n1]``'s (strided sub-grid's) columns side by side in ``x_t``: one copy."""
+    (sh, sw) = geometry[1]
+    if _strided(geometry):
+        sub = x[n0:n1, :, ::sh, ::sw]
+        x_t.reshape(x.shape[1], n1 - n0, *sub.shape[2:])[...] = sub.transpose(1, 0, 2, 3)
+    else:
+        side_by_side(x[n0:n1].reshape(n1 - n0, x.shape[1], -1), x_t)
 
 
 def weight_grad(x, dy, dweight, dbias, work, chunk, geometry) -> None:
@@ -109,18 +155,11 @@ def weight_grad(x, dy, dweight, dbias, work, chunk, geometry) -> None:
             for n in range(n0, n1):
                 _accumulate(dy3[n], xs[n - n0].T, dw, first=n == 0)
         return
-    (sh, sw) = geometry[1]
     for n0 in range(0, samples, chunk):
         n1 = min(samples, n0 + chunk)
-        width = (n1 - n0) * plane
-        dy_t = work[:out * width].reshape(out, width)
-        x_t = work[chunk * out * plane:][:channels * width].reshape(channels, width)
+        x_t, dy_t = _columns(work, chunk, channels, out, n1 - n0, plane)
         side_by_side(dy3[n0:n1], dy_t)
-        if _strided(geometry):   # gathered straight into place: one copy
-            x_t.reshape(channels, n1 - n0, *dy.shape[2:])[...] = \
-                x[n0:n1, :, ::sh, ::sw].transpose(1, 0, 2, 3)
-        else:
-            side_by_side(x[n0:n1].reshape(n1 - n0, channels, plane), x_t)
+        _gather_side_by_side(x, x_t, geometry, n0, n1)
         _accumulate(dy_t, x_t.T, dw, first=n0 == 0)
 
 
@@ -140,5 +179,18 @@ def side_by_side(src, dst):
         r, n = task // samples, task % samples
         out = dst[r, n * plane:(n + 1) * plane]
         row = src[n, r]
+        for p in range(plane):
+            out[p] = row[p]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def apart(src, dst):
+    """``side_by_side`` undone: ``dst[n, r, p] = src[r, n * P + p]`` for ``src [R, k * P]`` and
+    ``dst [k, R, P]``."""
+    samples, rows, plane = dst.shape
+    for task in prange(rows * samples):
+        r, n = task // samples, task % samples
+        row = src[r, n * plane:(n + 1) * plane]
+        out = dst[n, r]
         for p in range(plane):
             out[p] = row[p]
