@@ -24,6 +24,8 @@ setup(
         "tqdm>=4.60",
         "pyyaml>=6",
         "matplotlib>=3.7",
+        # holds BLAS to one thread while kernels.blas_threads deals a product out to the cores
+        "threadpoolctl>=3",
     ],
     extras_require={
         "cuda": CUDA,

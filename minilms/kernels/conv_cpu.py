@@ -27,6 +27,7 @@ first chunk writes ``dweight``/``dbias``, later chunks add in order). Arrays are
 import numpy as np
 from numba import prange
 
+from .blas_threads import matmul
 from .gemm import gemm
 from .im2col import PARALLEL_MIN, source_index
 from .registry import cpu_variant
@@ -160,7 +161,7 @@ def conv_forward(x, weight, bias, y, work, chunk, geometry):
         im2col_batch(x[n0:n1], col, *geometry)
         top = y[n0:n1].reshape(n1 - n0, groups, out // groups, plane)
         for g in range(groups):
-            np.matmul(w[g], col[:, g * k_group:(g + 1) * k_group], out=top[:, g])
+            matmul(w[g], col[:, g * k_group:(g + 1) * k_group], out=top[:, g])
         if bias is not None:
             y[n0:n1] += bias.reshape(1, out, 1, 1)
 

@@ -33,6 +33,7 @@ import numba
 import numpy as np
 from numba import cuda, float32, uint32
 
+from .blas_threads import matmul
 from .common import launch, view
 from .registry import cuda_kernel, on_cpu
 
@@ -401,12 +402,12 @@ def _gemm_cpu(a, b, c, trans_a, trans_b, alpha, beta):
     op_b = b.T if trans_b else b
     if beta == 0:
         # BLAS writes straight into c: no temporary, and c's old contents are never read.
-        np.matmul(op_a, op_b, out=c)
+        matmul(op_a, op_b, out=c)
         if alpha != 1:
             c *= alpha
         return
     # numpy has no beta: one temporary the size of c is the price.
-    product = np.matmul(op_a, op_b)
+    product = matmul(op_a, op_b)
     if alpha != 1:
         product *= alpha
     if beta != 1:

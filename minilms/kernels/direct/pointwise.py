@@ -22,9 +22,9 @@ is gathered into the workspace first, ``chunk`` samples at a time.
 Deterministic: the same shapes take the same calls in the same order; equal to im2col + GEMM up
 to float32 rounding (the tests compare them).
 """
-import numpy as np
 from numba import njit, prange
 
+from ..blas_threads import matmul
 from .weight_grad import bias_grad
 
 __all__ = ["applies", "workspace_elements", "forward", "input_grad", "weight_grad"]
@@ -78,13 +78,13 @@ def forward(x, weight, bias, y, work, chunk, geometry) -> None:
             n1 = min(samples, n0 + chunk)
             x_t, y_t = _columns(work, chunk, x.shape[1], out, n1 - n0, y3.shape[2])
             _gather_side_by_side(x, x_t, geometry, n0, n1)
-            np.matmul(w, x_t, out=y_t)
+            matmul(w, x_t, out=y_t)
             apart(y_t, y3[n0:n1])
     else:
         step = samples if not _strided(geometry) else chunk
         for n0 in range(0, samples, step):
             n1 = min(samples, n0 + step)
-            np.matmul(w, _gather(x, work, geometry, n0, n1), out=y3[n0:n1])
+            matmul(w, _gather(x, work, geometry, n0, n1), out=y3[n0:n1])
     if bias is not None:
         y += bias.reshape(1, out, 1, 1)
 
@@ -102,7 +102,7 @@ def input_grad(dy, weight, dx, work, chunk, geometry) -> None:
             n1 = min(samples, n0 + chunk)
             dx_t, dy_t = _columns(work, chunk, channels, out, n1 - n0, dy3.shape[2])
             side_by_side(dy3[n0:n1], dy_t)
-            np.matmul(wt, dy_t, out=dx_t)
+            matmul(wt, dy_t, out=dx_t)
             if _strided(geometry):
                 dx[n0:n1, :, :out_h * sh:sh, :out_w * sw:sw] = \
                     dx_t.reshape(channels, n1 - n0, out_h, out_w).transpose(1, 0, 2, 3)
@@ -110,13 +110,13 @@ def input_grad(dy, weight, dx, work, chunk, geometry) -> None:
                 apart(dx_t, dx[n0:n1].reshape(n1 - n0, channels, -1))
         return
     if not _strided(geometry):
-        np.matmul(wt, dy3, out=dx.reshape(samples, channels, -1))
+        matmul(wt, dy3, out=dx.reshape(samples, channels, -1))
         return
     dx[...] = 0
     for n0 in range(0, samples, chunk):
         n1 = min(samples, n0 + chunk)
         sub = work[:(n1 - n0) * channels * out_h * out_w].reshape(n1 - n0, channels, -1)
-        np.matmul(wt, dy3[n0:n1], out=sub)
+        matmul(wt, dy3[n0:n1], out=sub)
         dx[n0:n1, :, :out_h * sh:sh, :out_w * sw:sw] = sub.reshape(n1 - n0, channels, out_h,
                                                                    out_w)
 
@@ -166,9 +166,9 @@ def weight_grad(x, dy, dweight, dbias, work, chunk, geometry) -> None:
 def _accumulate(a, b, c, first: bool) -> None:
     """``c = a @ b`` (first) or ``c += a @ b``: numpy has no beta, so a temporary the size of c."""
     if first:
-        np.matmul(a, b, out=c)
+        matmul(a, b, out=c)
     else:
-        c += np.matmul(a, b)
+        c += matmul(a, b)
 
 
 @njit(parallel=True, cache=True, nogil=True)

@@ -1,0 +1,138 @@
+"""``numpy.matmul`` on the ``cpu`` device with its work dealt out to one thread per core, each
+thread calling BLAS on one thread of its own.
+
+BLAS splits a GEMM over its own threads, and on a convolution's products (a sample's
+``[O, C] @ [C, P]``, a few milliseconds each) the join at the end of every call and the thin
+slices it gives each thread cost it: two Python threads that each take half of a batch of such
+products and call single-threaded BLAS ran ResNet-50's 1x1 convolutions faster than BLAS's two
+threads (docs/benchmarks.md, "Why the code chose"). numpy releases the GIL for the call, so the
+threads run side by side.
+
+How the work is dealt out (``parts``): a batch of at least as many products as threads, by
+products (contiguous runs of them); anything else, by blocks of rows of ``out`` (of each
+product), or of columns where there are more of them. Either way every element of ``out`` is one
+BLAS dot product over the whole inner dimension: dealing the work out changes which thread
+computes an element, never the order of its sum, and the same shapes and thread count deal it out
+the same way every time.
+
+The threads are Numba's count (``numba.get_num_threads``: the cores the ``cpu`` device's kernels
+use). Below ``MIN_FLOPS`` (a thread's wake-up costs more than it saves), with one thread, or where
+``threadpoolctl`` finds no BLAS library to hold to one thread, it is ``numpy.matmul`` as it is.
+"""
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+
+__all__ = ["MIN_FLOPS", "matmul", "parts"]
+
+MIN_FLOPS = 2e7     # about 0.1 ms of BLAS work: smaller products stay in one call
+
+_shared = {"pool": None, "workers": 0, "libraries": None, "active": 0, "before": []}
+_lock = threading.Lock()
+
+
+def _forget_threads() -> None:
+    """In a forked child: the parent's helper threads do not exist there (a new pool is made)."""
+    global _lock
+    _lock = threading.Lock()
+    _shared.update(pool=None, workers=0, active=0)
+
+
+os.register_at_fork(after_in_child=_forget_threads)
+
+
+def _libraries():
+    """The BLAS libraries' thread controls (threadpoolctl's), found once; [] without any."""
+    if _shared["libraries"] is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+            found = ThreadpoolController().select(user_api="blas").lib_controllers
+        except Exception:   # not installed, or no library it knows: plain numpy.matmul
+            found = []
+        _shared["libraries"] = found
+    return _shared["libraries"]
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The helper threads (the calling thread takes a piece too), made once per count."""
+    with _lock:
+        if _shared["workers"] < workers:
+            if _shared["pool"] is not None:
+                _shared["pool"].shutdown(wait=True)
+            _shared["pool"] = ThreadPoolExecutor(workers, "minilms-blas")
+            _shared["workers"] = workers
+        return _shared["pool"]
+
+
+def parts(out_shape, threads: int) -> list:
+    """How ``out`` (and ``a``, ``b``) are cut, one piece per thread: a list of ``(axis, start,
+    stop)`` with axis 0 the products of a batch, -2 the rows of ``out``, -1 its columns."""
+    if len(out_shape) == 3 and out_shape[0] >= threads:
+        axis, size = 0, out_shape[0]
+    elif out_shape[-2] >= out_shape[-1]:
+        axis, size = -2, out_shape[-2]
+    else:
+        axis, size = -1, out_shape[-1]
+    count = min(threads, size)
+    bounds = [size * i // count for i in range(count + 1)]
+    return [(axis, bounds[i], bounds[i + 1]) for i in range(count)]
+
+
+def _piece(a, b, out, axis, start, stop):
+    """The operands and output of one piece."""
+    if axis == 0:   # an operand of one product (or 2-D) goes with every piece
+        return (a[start:stop] if a.ndim == 3 and a.shape[0] > 1 else a,
+                b[start:stop] if b.ndim == 3 and b.shape[0] > 1 else b, out[start:stop])
+    if axis == -2:
+        return a[..., start:stop, :], b, out[..., start:stop, :]
+    return a, b[..., start:stop], out[..., start:stop]
+
+
+def matmul(a, b, out=None):
+    """``a @ b`` into ``out`` (made where None; 2-D or 3-D as ``numpy.matmul``); returns it."""
+    if out is None:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        out = np.empty(batch + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
+    threads = numba.get_num_threads()
+    libraries = _libraries()
+    if (threads < 2 or not libraries or out.ndim not in (2, 3)
+            or 2.0 * out.size * a.shape[-1] < MIN_FLOPS):
+        return np.matmul(a, b, out=out)
+    pieces = [_piece(a, b, out, *p) for p in parts(out.shape, threads)]
+    if len(pieces) < 2:
+        return np.matmul(a, b, out=out)
+    _hold_blas(libraries)
+    try:
+        pending = [_pool(len(pieces) - 1).submit(_product, *piece) for piece in pieces[1:]]
+        _product(*pieces[0])
+        for job in pending:
+            job.result()
+    finally:
+        _release_blas(libraries)
+    return out
+
+
+def _hold_blas(libraries) -> None:
+    """BLAS to one thread; the first of calls that overlap (two nets in two threads) keeps the
+    counts the last one puts back."""
+    with _lock:
+        if _shared["active"] == 0:
+            _shared["before"] = [library.num_threads for library in libraries]
+            for library in libraries:
+                library.set_num_threads(1)
+        _shared["active"] += 1
+
+
+def _release_blas(libraries) -> None:
+    with _lock:
+        _shared["active"] -= 1
+        if _shared["active"] == 0:
+            for library, count in zip(libraries, _shared["before"]):
+                library.set_num_threads(count)
+
+
+def _product(a, b, out):
+    np.matmul(a, b, out=out)
