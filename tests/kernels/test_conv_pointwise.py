@@ -41,7 +41,12 @@ CASES = [  # samples, channels, outputs, height, width, stride, chunk
 
 @pytest.mark.parametrize("n, c, o, h, w, stride, chunk", CASES)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_pointwise_equals_the_definition(n, c, o, h, w, stride, chunk, with_bias):
+@pytest.mark.parametrize("small_products", ["batched", "side by side"])
+def test_pointwise_equals_the_definition(n, c, o, h, w, stride, chunk, with_bias, small_products,
+                                         monkeypatch):
+    """Either way a short plane's forward and input gradient may run: the tests' products are
+    small, and ``MIN_FLOPS`` is set so that they take the way named."""
+    monkeypatch.setattr(pointwise, "MIN_FLOPS", 0 if small_products == "side by side" else np.inf)
     rng = np.random.default_rng(n * 100 + c)
     out_h, out_w = (h - 1) // stride + 1, (w - 1) // stride + 1
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)

@@ -24,7 +24,7 @@ to float32 rounding (the tests compare them).
 """
 from numba import njit, prange
 
-from ..blas_threads import matmul
+from ..blas_threads import MIN_FLOPS, matmul
 from .weight_grad import bias_grad
 
 __all__ = ["applies", "workspace_elements", "forward", "input_grad", "weight_grad"]
@@ -33,8 +33,13 @@ __all__ = ["applies", "workspace_elements", "forward", "input_grad", "weight_gra
 # a GEMM with a short inner dimension is far from the machine's rate (docs/benchmarks.md).
 SHORT_PLANE = 256
 # Likewise for the forward and the input gradient, whose GEMMs' short dimension is their output's
-# width: below it the copies side by side and back cost less than they gain (measured).
+# width: below it the copies side by side and back cost less than they gain (measured), where the
+# product is large enough (``MIN_FLOPS``) for them to be worth two more parallel loops at all.
 VERY_SHORT_PLANE = 100
+
+
+def _side_by_side_pays(samples: int, rows: int, inner: int, plane: int) -> bool:
+    return plane < VERY_SHORT_PLANE and 2.0 * samples * rows * inner * plane >= MIN_FLOPS
 
 
 def applies(weight_shape, geometry) -> bool:
@@ -73,7 +78,7 @@ def forward(x, weight, bias, y, work, chunk, geometry) -> None:
     samples, out = y.shape[0], y.shape[1]
     w = weight.reshape(out, -1)
     y3 = y.reshape(samples, out, -1)
-    if y3.shape[2] < VERY_SHORT_PLANE:
+    if _side_by_side_pays(samples, out, x.shape[1], y3.shape[2]):
         for n0 in range(0, samples, chunk):
             n1 = min(samples, n0 + chunk)
             x_t, y_t = _columns(work, chunk, x.shape[1], out, n1 - n0, y3.shape[2])
@@ -95,7 +100,7 @@ def input_grad(dy, weight, dx, work, chunk, geometry) -> None:
     wt = weight.reshape(out, channels).T
     dy3 = dy.reshape(samples, out, -1)
     (sh, sw), (out_h, out_w) = geometry[1], dy.shape[2:]
-    if dy3.shape[2] < VERY_SHORT_PLANE:
+    if _side_by_side_pays(samples, channels, out, dy3.shape[2]):
         if _strided(geometry):
             dx[...] = 0
         for n0 in range(0, samples, chunk):
