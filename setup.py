@@ -7,6 +7,9 @@ CUDA = ["numba-cuda[cu12]>=0.30"]
 # Data-parallel training (minilms.training.distributed): mpi4py, and MPICH from its PyPI wheel,
 # which puts mpiexec beside the Python executable (no system MPI needed).
 MPI = ["mpi4py>=4", "mpich"]
+# Intel MKL's SGEMM for the cpu device's products (kernels/mkl.py), through ctypes: its wheel puts
+# libmkl_rt in the environment's lib/. Linux on x86-64 only (where the loader looks).
+MKL = ["mkl>=2023; platform_system == 'Linux' and platform_machine == 'x86_64'"]
 
 setup(
     name="minilms",
@@ -32,12 +35,15 @@ setup(
         # nbformat, nbclient, ipykernel: tests/test_notebooks.py runs the teaching notebooks
         # headless in a python3 kernel; MPI: tests/test_distributed.py runs mpiexec -n 2.
         # ruff: .ci/run lints before the tests (settings in pyproject.toml). pytest-xdist: the
-        # README's test command runs a worker per core (-n auto).
+        # README's test command runs a worker per core (-n auto). MKL: the suite runs the cpu
+        # device's products on it, as a user with the extra does (tests/kernels/test_mkl.py
+        # compares it with numpy's OpenBLAS).
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80", "nbformat>=5.7",
-                 "nbclient>=0.7", "ipykernel>=6", "ruff>=0.6"] + CUDA + MPI,
+                 "nbclient>=0.7", "ipykernel>=6", "ruff>=0.6"] + CUDA + MPI + MKL,
         # The independent reference for tests (compared where installed) and the benchmarks'
         # baseline. Not in "test": unpinned, it brings gigabytes of CUDA packages to a CPU machine.
         "torch": ["torch>=2.1"],
         "mpi": MPI,
+        "mkl": MKL,
     },
 )

@@ -18,5 +18,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # says whether it did.
 BLAS_SPIN_FIXED = "numpy" not in sys.modules or "OPENBLAS_THREAD_TIMEOUT" in os.environ
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+# Numba picks TBB over OpenMP for its parallel loops wherever the ``tbb`` package is installed, and
+# the ``mkl`` extra brings it: the cpu kernels were tuned, and the passive waiting above set, for
+# OpenMP, which stays first where it loads (TBB, then Numba's own pool, where it does not).
+os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp tbb workqueue")
 
 __version__ = "0.1.0"

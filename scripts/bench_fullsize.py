@@ -236,6 +236,8 @@ def main(argv=None) -> int:
         return 0
     import minilms  # noqa: F401, I001  (first, as above)
     import numba
+
+    from minilms.kernels.mkl import chosen as blas_library
     threads = args.threads or numba.get_num_threads()
     cases = [parse_case(text) for text in args.cases]
     if args.smoke:
@@ -251,7 +253,7 @@ def main(argv=None) -> int:
     rate = sgemm_rate(256 if args.smoke else 2048)
     print(f"bench_fullsize: {threads} threads each; numpy SGEMM {rate / 1e9:.0f} GFLOP/s (this "
           f"run); LMS on in 1/{args.pool_fraction} of LMS off's pool; best of {args.runs} runs "
-          f"of {args.iters} iterations; PyTorch: "
+          f"of {args.iters} iterations; minilms' BLAS: {blas_library()}; PyTorch: "
           + (python if python else f"not run ({why_not})"))
     header = (f"{'case':22} {'row':12} {'s/iter':>7} {'img/s':>7} {'vs torch':>8} {'GFLOP/s':>8} "
               f"{'SGEMM':>6} {'peak RSS':>10} {'plan host':>10} {'RSS/plan':>8}")

@@ -376,3 +376,16 @@ def test_as_a_real_process_the_exit_code_is_2(name, tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_bad_minilms_blas_is_one_line_before_anything_is_written(tmp_path):
+    """The environment variable that picks the cpu device's BLAS (kernels/mkl.py), checked as
+    the device is made: a real process, since the choice is read once per process."""
+    argv = [config(tmp_path, name="quick.yaml"), *QUICK, "--quiet"]
+    done = subprocess.run([sys.executable, "-m", "minilms.train", *argv], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "MINILMS_BLAS": "mlk"})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: environment: MINILMS_BLAS: expected mkl or openblas, found 'mlk'"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["quick.yaml"]

@@ -105,6 +105,23 @@ def test_bench_fullsize_smoke(capsys):
                          r"peak RSS over", out, re.M), out
 
 
+def test_bench_blas_smoke(capsys):
+    """MKL against OpenBLAS: a row per product shape and per net, ratios printed (never
+    asserted), and the library chosen before the run chosen again after it."""
+    from minilms.kernels import mkl
+    if not mkl.available():
+        pytest.skip("MKL not installed: bench_blas compares it with OpenBLAS (the test extra "
+                    "brings it)")
+    before = mkl.chosen()
+    assert run_script("bench_blas.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^forward +\d+ x \d+ x \d+ +\d+ +\d+ +[\d.]+x$", out, re.M), out
+    assert re.search(r"^weight grad +\d+ x \d+ x \d+ ", out, re.M), out
+    assert re.search(r"MKL/OpenBLAS on resnet50's products: [\d.]+-[\d.]+x, median [\d.]+x", out)
+    assert re.search(r"^resnet50 32 b2 +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
+    assert mkl.chosen() == before
+
+
 def test_bench_fullsize_says_why_pytorch_does_not_run(tmp_path):
     """An interpreter without torch, and one with torch where minilms does not import (the
     PyTorch worker builds its net with minilms' zoo): each named, with what to do."""

@@ -31,6 +31,7 @@ from ..datasets import OPTIONS, BatchLoader, make_dataset, make_transform
 from ..device import AUTO_FRACTION, make_device, parse_link, resolve_kind
 from ..device.cpu import host_memory_info
 from ..errors import ConfigError, DatasetError, DivergedError
+from ..kernels.mkl import chosen as blas_library
 from ..lms.bounds import resident_bytes
 from ..lms.cost import CostModel, measure_cpu
 from ..lms.host import host_memory, loader_batches
@@ -174,6 +175,8 @@ class Trainer:
         ``auto`` takes no more than ``need``, what the net needs with LMS off."""
         device, world = self.config.device, self.world
         kind, memory, device_id, gpus = resolve_kind(device.kind), device.memory, 0, 1
+        if kind == "cpu":
+            blas_library()      # a bad MINILMS_BLAS is one line now, not mid-iteration
         if kind == "cuda":
             from numba import cuda
             if not cuda.is_available():     # before cuda.gpus, which raises a traceback

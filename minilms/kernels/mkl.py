@@ -1,0 +1,154 @@
+"""Intel MKL's GEMM for the ``cpu`` device's products, where the ``mkl`` wheel is installed.
+
+Why: the convolutions' products are short in one dimension (64 rows, an inner dimension of
+64-256, a 7x7 plane's 49 columns), and there MKL's SGEMM runs on one thread 1.1-1.5x faster than
+numpy's OpenBLAS on an AVX-512 Xeon; on the largest squares the two are equal (docs/benchmarks.md,
+"Why the code chose"). PyTorch's CPU build runs its GEMMs on MKL too.
+
+How: ``ctypes`` and ``libmkl_rt``, found in the environment's ``lib/`` (where ``pip install mkl``
+puts it) or on the loader's path, with its *sequential* threading layer: ``blas_threads`` deals the
+work out to threads of its own, and MKL's OpenMP would fight Numba's for the same cores. Each 2-D
+product is one ``cblas_sgemm`` (``dgemm`` for float64) on the numpy views as they are: an
+operand whose rows are not contiguous but whose columns are (a ``.T`` view) goes in transposed, so
+nothing is copied. Anything MKL cannot take that way (no unit stride, a zero-sized dimension,
+another dtype) is numpy's ``matmul``; so is everything when MKL is not there or not chosen.
+
+Which library: ``MINILMS_BLAS`` in the environment, ``mkl`` or ``openblas`` (numpy's own), read
+when this module first loads; unset, MKL wherever it is found. ``use(name)`` switches in a running
+process (tests, benchmarks).
+
+Deterministic: sequential MKL gives the same bits for the same shapes from call to call and
+whatever the operands' alignment (tests/kernels/test_mkl.py checks both), so LMS on (blobs at
+other pool offsets) equals LMS off bit for bit. Its bits are not OpenBLAS's.
+"""
+import ctypes
+import ctypes.util
+import glob
+import os
+import sys
+
+import numpy as np
+
+from ..errors import ConfigError
+
+__all__ = ["CHOICES", "MIN_FLOPS", "available", "chosen", "use", "product"]
+
+CHOICES = ("mkl", "openblas")
+# A product's FLOPs below which numpy's matmul runs it even where MKL is chosen: a call through
+# ctypes costs microseconds, and MKL was slower than OpenBLAS on small products (measured).
+MIN_FLOPS = 4e6
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+_SEQUENTIAL = 1     # MKL_THREADING_SEQUENTIAL
+
+_state = {"library": None, "searched": False, "chosen": None}
+
+
+def _find():
+    """``libmkl_rt``'s path, or None: the environment's ``lib/`` first (the wheel's place), then
+    the loader's search path."""
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
+        found = sorted(glob.glob(os.path.join(prefix, "lib", "libmkl_rt.so*")))
+        if found:
+            return found[0]
+    return ctypes.util.find_library("mkl_rt")
+
+
+def _load():
+    """The library with its GEMMs' signatures set, or None where there is none that loads."""
+    if not _state["searched"]:
+        _state["searched"] = True
+        path = _find()
+        try:
+            library = ctypes.CDLL(path) if path else None
+        except OSError:         # a broken install: numpy's BLAS, as without one
+            library = None
+        if library is not None:
+            library.MKL_Set_Threading_Layer(_SEQUENTIAL)    # before any other MKL call
+            pointer, integer = ctypes.c_void_p, ctypes.c_int
+            for name, scalar in (("cblas_sgemm", ctypes.c_float), ("cblas_dgemm", ctypes.c_double)):
+                function = getattr(library, name)
+                function.restype = None
+                function.argtypes = [integer] * 6 + [scalar, pointer, integer, pointer, integer,
+                                                     scalar, pointer, integer]
+        _state["library"] = library
+    return _state["library"]
+
+
+def available() -> bool:
+    """Whether MKL is installed where this module looks, and loads."""
+    return _load() is not None
+
+
+def use(name: str) -> None:
+    """Run the products on ``mkl`` or ``openblas`` from now on; ``mkl`` where it is missing is
+    an error (``ConfigError``, naming ``MINILMS_BLAS``), not a silent fall-back."""
+    if name not in CHOICES:
+        raise ConfigError("MINILMS_BLAS", " or ".join(CHOICES), name, source="environment")
+    if name == "mkl" and not available():
+        raise ConfigError("MINILMS_BLAS", "a library that loads here (pip install mkl, or "
+                          "openblas)", name, source="environment")
+    _state["chosen"] = name
+
+
+def chosen() -> str:
+    """The library the products run on: ``mkl`` or ``openblas`` (``MINILMS_BLAS`` read on the
+    first call)."""
+    if _state["chosen"] is None:
+        wanted = os.environ.get("MINILMS_BLAS", "").strip().lower()
+        if wanted:
+            use(wanted)
+        else:
+            _state["chosen"] = "mkl" if available() else "openblas"
+    return _state["chosen"]
+
+
+def _operand(matrix, itemsize):
+    """``(transpose flag, leading dimension)`` for a 2-D view MKL can read in place, or None."""
+    rows, cols = matrix.shape
+    s0, s1 = matrix.strides
+    if s0 % itemsize or s1 % itemsize or s0 < 0 or s1 < 0:
+        return None
+    s0, s1 = s0 // itemsize, s1 // itemsize
+    if s1 == 1 or cols == 1:
+        lead = s0 if rows > 1 else cols
+        if lead >= cols:
+            return _NO_TRANS, lead
+    if s0 == 1 or rows == 1:
+        lead = s1 if cols > 1 else rows
+        if lead >= rows:
+            return _TRANS, lead
+    return None
+
+
+def _gemm(a, b, out) -> bool:
+    """``out = a @ b`` for 2-D views by MKL; False (nothing written) where it cannot."""
+    m, k = a.shape
+    n = b.shape[1]
+    if min(m, n, k) == 0 or not a.dtype == b.dtype == out.dtype:
+        return False
+    itemsize = out.itemsize
+    op_a, op_b, op_out = _operand(a, itemsize), _operand(b, itemsize), _operand(out, itemsize)
+    if op_a is None or op_b is None or op_out is None or op_out[0] != _NO_TRANS:
+        return False
+    function = _load().cblas_sgemm if out.dtype == np.float32 else _load().cblas_dgemm
+    function(_ROW_MAJOR, op_a[0], op_b[0], m, n, k, 1.0, a.ctypes.data, op_a[1], b.ctypes.data,
+             op_b[1], 0.0, out.ctypes.data, op_out[1])
+    return True
+
+
+def product(a, b, out) -> None:
+    """``numpy.matmul(a, b, out=out)`` for 2-D or 3-D operands (a 2-D one goes with every product
+    of a batch), on the chosen library: a ``cblas_?gemm`` per product on MKL."""
+    if (chosen() != "mkl" or out.dtype not in (np.float32, np.float64) or out.ndim not in (2, 3)
+            or 2.0 * out.shape[-2] * out.shape[-1] * a.shape[-1] < MIN_FLOPS):
+        np.matmul(a, b, out=out)
+        return
+    if out.ndim == 2:
+        if a.ndim != 2 or b.ndim != 2 or not _gemm(a, b, out):
+            np.matmul(a, b, out=out)
+        return
+    for i in range(out.shape[0]):
+        a_i = a if a.ndim == 2 else a[i if a.shape[0] > 1 else 0]
+        b_i = b if b.ndim == 2 else b[i if b.shape[0] > 1 else 0]
+        if not _gemm(a_i, b_i, out[i]):
+            np.matmul(a_i, b_i, out=out[i])

@@ -1,0 +1,222 @@
+"""``kernels.mkl``: MKL's GEMM for the cpu device's products. Against a float64 product on the
+shapes and views the convolutions pass (batched, broadcast, transposed, strided, a slice of a
+larger ``out``); the same bits from call to call, at any alignment and however ``blas_threads``
+deals the work out (what LMS on equals LMS off rests on); numpy's matmul wherever MKL cannot or
+should not run; ``MINILMS_BLAS`` read and checked. The MKL cases need the ``mkl`` wheel, which
+the ``test`` extra installs."""
+import numpy as np
+import pytest
+
+from minilms.errors import ConfigError
+from minilms.kernels import blas_threads, mkl
+
+needs_mkl = pytest.mark.skipif(not mkl.available(), reason="no libmkl_rt here: pip install mkl "
+                                                           "(the test extra brings it)")
+
+
+@pytest.fixture
+def on_mkl(monkeypatch):
+    """MKL chosen, every product large enough for it, and its GEMM calls counted."""
+    monkeypatch.setitem(mkl._state, "chosen", "mkl")
+    monkeypatch.setattr(mkl, "MIN_FLOPS", 0)
+    calls = []
+    gemm = mkl._gemm
+
+    def counting(a, b, out):
+        done = gemm(a, b, out)
+        calls.append(done)
+        return done
+
+    monkeypatch.setattr(mkl, "_gemm", counting)
+    return calls
+
+
+def _random(rng, shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _views(rng):
+    """``(a, b, out)`` triples as the kernels pass them: plain, transposed operands (``gemm``'s
+    ``a.T @ b``, a weight gradient's ``dy @ x^T``), rows of a larger array, one group's slice of
+    a convolution's output, batched with a shared weight."""
+    a, b = _random(rng, (40, 24)), _random(rng, (24, 30))
+    yield a, b, np.empty((40, 30), np.float32)
+    yield _random(rng, (24, 40)).T, _random(rng, (30, 24)).T, np.empty((40, 30), np.float32)
+    big = _random(rng, (50, 64))
+    yield big[3:43, 5:29], b, np.empty((40, 30), np.float32)
+    top = np.full((2, 3, 40, 30), np.nan, np.float32)
+    yield a, b, top[1, 2]
+    yield _random(rng, (16, 24)), _random(rng, (5, 24, 30)), np.empty((5, 16, 30), np.float32)
+    yield _random(rng, (5, 16, 24)), _random(rng, (5, 24, 30)), np.empty((5, 16, 30), np.float32)
+    yield _random(rng, (1, 16, 24)), _random(rng, (5, 24, 30)), np.empty((5, 16, 30), np.float32)
+
+
+@needs_mkl
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_products_equal_the_float64_product(on_mkl, dtype):
+    rng = np.random.default_rng(0)
+    for a, b, out in _views(rng):
+        a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
+        out = out if out.dtype == dtype else np.empty(out.shape, dtype)
+        on_mkl.clear()
+        mkl.product(a, b, out)
+        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        tol = 1e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+        assert on_mkl and all(on_mkl)       # every product went to MKL, none fell back
+
+
+@needs_mkl
+def test_only_the_output_is_written(on_mkl):
+    rng = np.random.default_rng(1)
+    a, b = _random(rng, (40, 24)), _random(rng, (24, 30))
+    top = np.full((2, 3, 40, 30), np.nan, np.float32)
+    mkl.product(a, b, top[1, 2])
+    assert np.isfinite(top[1, 2]).all()
+    assert np.isnan(top[0]).all() and np.isnan(top[1, :2]).all()
+
+
+def _aligned_copy(array, offset: int):
+    """``array``'s values at ``offset`` floats past a 64-byte boundary."""
+    buffer = np.empty(array.size + 32, np.float32)
+    start = (-(buffer.ctypes.data // 4)) % 16 + offset
+    copy = buffer[start:start + array.size].reshape(array.shape)
+    copy[...] = array
+    return copy
+
+
+@needs_mkl
+@pytest.mark.parametrize("m, k, n", [(64, 256, 3136 // 4), (256, 64, 784), (37, 300, 53)])
+def test_the_same_bits_at_every_alignment_and_every_call(on_mkl, m, k, n):
+    """LMS on puts a blob at another pool offset than LMS off does: the bits must not move."""
+    rng = np.random.default_rng(m)
+    a, b = _random(rng, (m, k)), _random(rng, (k, n))
+    want = np.empty((m, n), np.float32)
+    mkl.product(a, b, want)
+    for offset in (1, 3, 8):
+        got = _aligned_copy(np.zeros((m, n), np.float32), offset)
+        mkl.product(_aligned_copy(a, offset), _aligned_copy(b, (offset * 5) % 16), got)
+        np.testing.assert_array_equal(got, want)
+    again = np.empty_like(want)
+    mkl.product(a, b, again)
+    np.testing.assert_array_equal(again, want)
+
+
+@needs_mkl
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("shape_a, shape_b", [((64, 256), (8, 256, 196)), ((96, 128), (128, 300)),
+                                              ((40, 128), (128, 900))])
+def test_dealing_out_does_not_change_the_bits(on_mkl, monkeypatch, threads, shape_a, shape_b):
+    """By products, rows or columns, the pieces' bits are the whole call's."""
+    rng = np.random.default_rng(threads)
+    a, b = _random(rng, shape_a), _random(rng, shape_b)
+    whole = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]),
+                     np.float32)
+    mkl.product(a, b, whole)
+    monkeypatch.setattr(blas_threads.numba, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(blas_threads, "MIN_FLOPS", 0)
+    dealt = np.empty_like(whole)
+    on_mkl.clear()
+    blas_threads.matmul(a, b, out=dealt)
+    assert len(on_mkl) >= threads and all(on_mkl)
+    np.testing.assert_array_equal(dealt, whole)
+
+
+@needs_mkl
+def test_what_mkl_cannot_take_is_numpys(on_mkl):
+    """A view without a unit stride, an empty product, integers: numpy's matmul, right."""
+    rng = np.random.default_rng(2)
+    a, b = _random(rng, (20, 24)), _random(rng, (24, 60))
+    out = np.empty((20, 30), np.float32)
+    mkl.product(a, b[:, ::2], out)
+    np.testing.assert_allclose(out, a @ b[:, ::2], rtol=1e-5, atol=1e-5)
+    empty = np.full((20, 30), np.nan, np.float32)
+    mkl.product(np.empty((20, 0), np.float32), np.empty((0, 30), np.float32), empty)
+    assert (empty == 0).all()
+    ints = np.empty((3, 3), np.int64)
+    mkl.product(np.eye(3, dtype=np.int64), np.arange(9).reshape(3, 3), ints)
+    np.testing.assert_array_equal(ints, np.arange(9).reshape(3, 3))
+    assert on_mkl == [False, False]     # the float32 ones were offered and declined
+
+
+def test_small_products_and_openblas_are_numpys(monkeypatch):
+    calls = []
+    monkeypatch.setattr(mkl, "_gemm", lambda *args: calls.append(args) or True)
+    monkeypatch.setitem(mkl._state, "chosen", "mkl")
+    rng = np.random.default_rng(3)
+    a, b = _random(rng, (8, 8)), _random(rng, (8, 8))
+    out = np.empty((8, 8), np.float32)
+    mkl.product(a, b, out)                        # 1 kFLOP: below MIN_FLOPS
+    np.testing.assert_array_equal(out, np.matmul(a, b))
+    monkeypatch.setattr(mkl, "MIN_FLOPS", 0)
+    monkeypatch.setitem(mkl._state, "chosen", "openblas")
+    mkl.product(a, b, out)
+    assert calls == []
+    monkeypatch.setitem(mkl._state, "chosen", "mkl")
+    mkl.product(a, b, out)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("value, chosen", [("openblas", "openblas"), (" MKL ", "mkl"),
+                                           ("", None)])
+def test_minilms_blas_chooses(monkeypatch, value, chosen):
+    monkeypatch.setitem(mkl._state, "chosen", None)
+    monkeypatch.setenv("MINILMS_BLAS", value)
+    if chosen == "mkl" and not mkl.available():
+        with pytest.raises(ConfigError, match="pip install mkl"):
+            mkl.chosen()
+        return
+    assert mkl.chosen() == (chosen or ("mkl" if mkl.available() else "openblas"))
+
+
+def test_a_bad_or_missing_library_is_one_clear_error(monkeypatch):
+    monkeypatch.setitem(mkl._state, "chosen", None)
+    monkeypatch.setenv("MINILMS_BLAS", "mlk")
+    with pytest.raises(ConfigError, match=r"^environment: MINILMS_BLAS: expected mkl or openblas, "
+                                          r"found 'mlk'"):
+        mkl.chosen()
+    monkeypatch.setitem(mkl._state, "searched", True)
+    monkeypatch.setitem(mkl._state, "library", None)       # as on a machine without the wheel
+    assert not mkl.available()
+    with pytest.raises(ConfigError, match="MINILMS_BLAS: expected a library that loads here"):
+        mkl.use("mkl")
+
+
+@pytest.mark.parametrize("shape, strides, want", [
+    ((4, 6), (24, 4), (mkl._NO_TRANS, 6)),      # C-contiguous
+    ((4, 6), (4, 16), (mkl._TRANS, 4)),         # a transposed C array
+    ((4, 6), (40, 4), (mkl._NO_TRANS, 10)),     # rows of a wider array
+    ((1, 6), (400, 4), (mkl._NO_TRANS, 6)),     # one row: its stride means nothing
+    ((4, 6), (48, 8), None),                    # every other column
+    ((4, 6), (24, -4), None),                   # reversed
+    ((4, 6), (26, 4), None),                    # not a whole number of floats apart
+])
+def test_which_views_go_in_as_they_are(shape, strides, want):
+    base = np.zeros(1000, np.float32)
+    view = np.lib.stride_tricks.as_strided(base[100:], shape, strides)
+    assert mkl._operand(view, 4) == want
+
+
+def test_numba_keeps_openmp_where_the_wheel_brings_tbb():
+    """The ``mkl`` wheel installs ``tbb``, which Numba prefers by default; importing minilms first
+    keeps its parallel loops on OpenMP (what the cpu kernels were tuned for), in a process of
+    its own since the layer is chosen once."""
+    import subprocess
+    import sys
+    program = ("import minilms, numba, numpy as np\n"
+               "@numba.njit(parallel=True)\n"
+               "def bump(a):\n"
+               "    for i in numba.prange(a.size):\n"
+               "        a[i] += 1\n"
+               "bump(np.zeros(4))\n"
+               "print(numba.threading_layer())\n")
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY")}
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    try:
+        import numba.np.ufunc.omppool  # noqa: F401  (Numba's OpenMP layer loads here)
+    except ImportError:
+        pytest.skip("Numba's OpenMP layer does not load on this machine")
+    assert done.stdout.split() == ["omp"]
