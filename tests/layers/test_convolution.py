@@ -197,16 +197,18 @@ DIRECT_CASES = {name: VARIANTS[name] for name in VARIANTS if name not in ("group
 DIRECT_CASES["16 channels"] = (dict(num_output=5, pad=1), (2, 16, 5, 6))   # a direct input grad
 # Samples in vector lanes: a strided input gradient, half a vector of samples or more.
 DIRECT_CASES["stride 2, 16 channels"] = (dict(num_output=3, stride=2, pad=1), (9, 16, 30, 32))
-# Many channels on a small plane: both gradients by im2col + GEMM (weight_grad.DW_GEMM_WEIGHTS).
+# Many channels on a small plane: the forward and both gradients by im2col + GEMM
+# (conv.FWD_GEMM_WEIGHTS, weight_grad.DW_GEMM_WEIGHTS).
 DIRECT_CASES["many channels, small plane"] = (dict(num_output=256, pad=1), (2, 128, 4, 4))
 
 
 @pytest.mark.parametrize("name", DIRECT_CASES)
 def test_float32_cpu_takes_the_direct_path(name, monkeypatch):
-    """float32 without groups: the forward is the direct convolution (im2col + GEMM would fail
-    here), and so is the input gradient wherever it pays (stride 1, or samples in lanes), and
-    the weight and bias gradients wherever the kernel is larger than 1x1; all match float64
-    references (the naive loops; the float64 layer's gradients)."""
+    """float32 without groups: the forward is the direct convolution wherever it pays (not many
+    channels on a small plane), and so is the input gradient (stride 1, or samples in lanes),
+    and the weight and bias gradients wherever the kernel is larger than 1x1 (im2col + GEMM
+    would fail here, elsewhere); all match float64 references (the naive loops; the float64
+    layer's gradients)."""
     from minilms.kernels import conv_cpu
     from minilms.kernels.direct import conv as conv_direct
     from minilms.kernels.direct import input_grad as conv_input_grad
@@ -226,13 +228,19 @@ def test_float32_cpu_takes_the_direct_path(name, monkeypatch):
     real_backward = conv_cpu.conv_backward
 
     im2col_dw = not conv_weight_grad.weight_grad_pays(params["weight"].shape, plane)
-    assert (im2col_dx and im2col_dw) == (name == "many channels, small plane")
+    im2col_forward = not conv_direct.forward_pays(params["weight"].shape, plane)
+    assert (im2col_dx and im2col_dw) == im2col_forward == (name == "many channels, small plane")
+    real_forward = conv_cpu.conv_forward
+
+    def forward_if_it_pays(*args):
+        assert im2col_forward, "the forward should have been direct"
+        return real_forward(*args)
 
     def no_im2col_input_grad(x_, dy_, weight, dx, dweight, dbias, *rest):
         assert dx is None or im2col_dx, "the input gradient should have been direct"
         assert (dweight is None and dbias is None) or im2col_dw, "dweight should have been direct"
         return real_backward(x_, dy_, weight, dx, dweight, dbias, *rest)
-    monkeypatch.setattr(conv_cpu, "conv_forward", None)
+    monkeypatch.setattr(conv_cpu, "conv_forward", forward_if_it_pays)
     monkeypatch.setattr(conv_cpu, "conv_backward", no_im2col_input_grad)
     p32 = {k: v.astype(np.float32) for k, v in params.items()}
     y, dx, grads = forward_backward("cpu", layer, x.astype(np.float32), dy.astype(np.float32), p32)

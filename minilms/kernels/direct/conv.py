@@ -417,6 +417,23 @@ def transposed_geometry(geometry):
     return kernel_size, stride, pad, dilation
 
 
+# Weights (output x input channels) from which im2col + GEMM makes the forward faster than the
+# direct kernel, on output planes of at most FWD_GEMM_PLANE positions (measured). The same bounds
+# as the weight gradient's (weight_grad.DW_GEMM_*): a layer whose forward takes the GEMM takes it
+# for dW too, so it keeps the columns' workspace it had.
+FWD_GEMM_WEIGHTS = 1 << 14
+FWD_GEMM_PLANE = 28 * 28
+
+
+def forward_pays(weight_shape, out_plane: int) -> bool:
+    """Measured (``scripts/bench_blas.py``'s way, alternating; the figures in docs/benchmarks.md):
+    the direct forward beats im2col + GEMM on few channels or a large plane (ResNet's first stage,
+    LeNet, a small ResNet, GoogLeNet's 5x5s), and loses where many channels meet a small plane:
+    there each tile of the plane streams the whole weight through the cache again."""
+    out, channels, kh, kw = weight_shape
+    return not (out * channels >= FWD_GEMM_WEIGHTS and out_plane <= FWD_GEMM_PLANE)
+
+
 # Weights (output x input channels) from which im2col + GEMM makes an input gradient faster than
 # the transposed direct convolution, on output planes of at most DX_GEMM_PLANE positions (measured).
 DX_GEMM_WEIGHTS = 1 << 15

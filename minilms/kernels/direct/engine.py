@@ -35,7 +35,7 @@ class DirectConvolution:
         self.pointwise = bool(chunk) and pointwise.applies(weight_shape, geometry)
         # which input gradient runs here ("direct", "lanes", or None: im2col + GEMM's), and
         # whether the weight gradient does: the backward leaves the rest to the layer
-        self.dx_path, self.dw_direct = None, False
+        self.dx_path, self.dw_direct, self.forward_direct = None, False, False
         if not chunk:
             return
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
@@ -47,6 +47,7 @@ class DirectConvolution:
                                                          strided=(sh, sw) != (1, 1))
             return
         self.dw_direct = weight_grad.weight_grad_pays(weight_shape, out_h * out_w)
+        self.forward_direct = conv.forward_pays(weight_shape, out_h * out_w)
         # the larger of the forward's and the weight gradient's prepared inputs (max_step 1),
         # and of dy's as the input of the transposed convolution where that path is taken
         x_sample = conv.padded_size(x_shape, *geometry, max_step=1)
@@ -67,8 +68,8 @@ class DirectConvolution:
     def covers_all(self) -> bool:
         """Whether this engine runs every part of the forward and the backward here (float32,
         no groups, on the ``cpu`` device), so the layer needs no workspace of its own there."""
-        return self.chunk >= 1 and self.groups == 1 and (
-            self.pointwise or (self.dx_path is not None and self.dw_direct))
+        return self.chunk >= 1 and self.groups == 1 and (self.pointwise or (
+            self.forward_direct and self.dx_path is not None and self.dw_direct))
 
     def _applies(self, array) -> bool:
         return on_cpu(array) and conv.supports(array.dtype, self.groups)
@@ -82,7 +83,7 @@ class DirectConvolution:
             pointwise.forward(x, weight, bias, y, work, self.chunk, self.geometry)
             return True
         chunk = conv.chunk_size(x.shape, self.geometry, work.size)
-        if chunk < 1:
+        if chunk < 1 or not self.forward_direct:
             return False
         conv.conv_forward_direct(x, weight, bias, y, work, chunk, self.geometry)
         return True
