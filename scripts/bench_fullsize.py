@@ -2,17 +2,20 @@
 PyTorch on the CPU, with the same threads, against the machine's SGEMM rate measured in this run.
 
     python scripts/bench_fullsize.py [--cases resnet50:224:8 resnet152:224:16 ...]
-                                     [--iters 3] [--runs 2] [--warmup 1] [--pool-fraction 8]
+                                     [--iters 3] [--runs 2] [--rounds 1] [--warmup 1]
+                                     [--pool-fraction 8]
                                      [--torch-python PATH] [--no-torch] [--big] [--smoke]
 
 Each case is ``model:image size:batch``. Each contender runs in a process of its own, one after
 another (never side by side: two cores): the process builds the net, times ``--runs`` runs of
 ``--iters`` iterations after ``--warmup`` untimed ones (which compile), and reports its best run
-and its peak resident memory (``VmHWM``). A process of its own gives each its own peak, and gives
-PyTorch its own defaults: minilms sets ``OMP_WAIT_POLICY=PASSIVE`` and ``OPENBLAS_THREAD_TIMEOUT``
-for itself, and PyTorch's OpenMP runs slower with the former, so the PyTorch process imports torch
-before anything of minilms. PyTorch runs with ``--torch-python`` (default: this interpreter, if it
-has torch): the project's own environment stays free of torch.
+and its peak resident memory (``VmHWM``). With ``--rounds N`` each contender runs in N processes,
+the contenders of a case in turn, and the fastest counts: on a machine whose speed drifts (a VM
+beside busy neighbours) the contenders then meet the same slow spells. A process of its own gives
+each its own peak, and gives PyTorch its own defaults: minilms sets ``OMP_WAIT_POLICY=PASSIVE`` and
+``OPENBLAS_THREAD_TIMEOUT`` for itself, and PyTorch's OpenMP runs slower with the former, so the
+PyTorch process imports torch before anything of minilms. PyTorch runs with ``--torch-python``
+(default: this interpreter, if it has torch): the project's own environment stays free of torch.
 
 Rows: PyTorch (the baseline), minilms LMS off (a pool that holds the whole net), minilms LMS on
 (``policy: auto`` in a pool of 1/``--pool-fraction`` of what LMS off needs, or the least pool if
@@ -220,6 +223,8 @@ def main(argv=None) -> int:
     p.add_argument("--cases", nargs="+", default=DEFAULT_CASES, metavar="MODEL:SIZE:BATCH")
     p.add_argument("--iters", type=int, default=3, help="iterations per timed run")
     p.add_argument("--runs", type=int, default=2, help="timed runs; the best one counts")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="processes per contender, the contenders in turn; the fastest counts")
     p.add_argument("--warmup", type=int, default=1, help="untimed iterations first (compile)")
     p.add_argument("--pool-fraction", type=int, default=8, help="LMS on: pool = LMS off / this")
     p.add_argument("--threads", type=int, default=None, help="default: numba.get_num_threads()")
@@ -253,7 +258,9 @@ def main(argv=None) -> int:
     rate = sgemm_rate(256 if args.smoke else 2048)
     print(f"bench_fullsize: {threads} threads each; numpy SGEMM {rate / 1e9:.0f} GFLOP/s (this "
           f"run); LMS on in 1/{args.pool_fraction} of LMS off's pool; best of {args.runs} runs "
-          f"of {args.iters} iterations; minilms' BLAS: {blas_library()}; PyTorch: "
+          f"of {args.iters} iterations"
+          + (f" in each of {args.rounds} rounds, taken in turn" if args.rounds > 1 else "")
+          + f"; minilms' BLAS: {blas_library()}; PyTorch: "
           + (python if python else f"not run ({why_not})"))
     header = (f"{'case':22} {'row':12} {'s/iter':>7} {'img/s':>7} {'vs torch':>8} {'GFLOP/s':>8} "
               f"{'SGEMM':>6} {'peak RSS':>10} {'plan host':>10} {'RSS/plan':>8}")
@@ -265,12 +272,17 @@ def main(argv=None) -> int:
         case.update(iters=args.iters, runs=args.runs, warmup=args.warmup, threads=threads,
                     fraction=args.pool_fraction)
         name = f"{case['model']} {case['size']} b{case['batch']}"
-        rows = []
+        contenders = []
         if python and not case.get("only_lms"):
-            rows.append(("PyTorch", run_worker(python, "torch", case)))
+            contenders.append(("PyTorch", python, "torch", case))
         if not case.get("only_lms"):
-            rows.append(("LMS off", run_worker(sys.executable, "minilms", dict(case, lms=False))))
-        rows.append(("LMS on", run_worker(sys.executable, "minilms", dict(case, lms=True))))
+            contenders.append(("LMS off", sys.executable, "minilms", dict(case, lms=False)))
+        contenders.append(("LMS on", sys.executable, "minilms", dict(case, lms=True)))
+        results = {label: [] for label, *_ in contenders}
+        for _ in range(args.rounds):      # in turn: a machine whose speed drifts slows them alike
+            for label, *how in contenders:
+                results[label].append(run_worker(*how))
+        rows = [(label, fastest(results[label])) for label in results]
         base = next((r for label, r in rows if label == "PyTorch" and "seconds" in r), None)
         for label, r in rows:
             if "error" in r:
@@ -296,6 +308,12 @@ def main(argv=None) -> int:
                         f"{GOAL_HOST:.0%}: {'met' if off <= GOAL_HOST else 'not met'})")
         print(f"{name}, {label}: " + "; ".join(verdicts))
     return 0
+
+
+def fastest(results):
+    """The result with the fewest seconds an iteration (an error only if every round failed)."""
+    done = [r for r in results if "seconds" in r]
+    return min(done, key=lambda r: r["seconds"]) if done else results[-1]
 
 
 def format_row(name, label, r, base, rate, batch) -> str:
