@@ -22,5 +22,9 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 # the ``mkl`` extra brings it: the cpu kernels were tuned, and the passive waiting above set, for
 # OpenMP, which stays first where it loads (TBB, then Numba's own pool, where it does not).
 os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp tbb workqueue")
+# MKL (kernels/mkl.py) keeps the buffers its GEMMs pack into in pools of its own, per thread,
+# which no plan can see: host memory beyond the plan's figure (ResNet-50's run 4 MiB more than
+# on OpenBLAS). Without them it allocates per call, at no cost measured (docs/benchmarks.md).
+os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
 
 __version__ = "0.1.0"

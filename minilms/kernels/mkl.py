@@ -26,6 +26,7 @@ import ctypes.util
 import glob
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -41,6 +42,7 @@ _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _SEQUENTIAL = 1     # MKL_THREADING_SEQUENTIAL
 
 _state = {"library": None, "searched": False, "chosen": None}
+_lock = threading.Lock()
 
 
 def _find():
@@ -54,24 +56,32 @@ def _find():
 
 
 def _load():
-    """The library with its GEMMs' signatures set, or None where there is none that loads."""
-    if not _state["searched"]:
-        _state["searched"] = True
-        path = _find()
-        try:
-            library = ctypes.CDLL(path) if path else None
-        except OSError:         # a broken install: numpy's BLAS, as without one
-            library = None
-        if library is not None:
-            library.MKL_Set_Threading_Layer(_SEQUENTIAL)    # before any other MKL call
-            pointer, integer = ctypes.c_void_p, ctypes.c_int
-            for name, scalar in (("cblas_sgemm", ctypes.c_float), ("cblas_dgemm", ctypes.c_double)):
-                function = getattr(library, name)
-                function.restype = None
-                function.argtypes = [integer] * 6 + [scalar, pointer, integer, pointer, integer,
-                                                     scalar, pointer, integer]
-        _state["library"] = library
+    """The library with its GEMMs' signatures set, or None where there is none that loads. Under
+    a lock: the first products of a process may come from ``blas_threads``' threads at once, and
+    one must not see "searched, nothing found" while another is still loading it."""
+    with _lock:
+        if not _state["searched"]:
+            _state["library"] = _open()
+            _state["searched"] = True
     return _state["library"]
+
+
+def _open():
+    """``libmkl_rt`` loaded and set up, or None."""
+    path = _find()
+    try:
+        library = ctypes.CDLL(path) if path else None
+    except OSError:         # a broken install: numpy's BLAS, as without one
+        library = None
+    if library is not None:
+        library.MKL_Set_Threading_Layer(_SEQUENTIAL)    # before any other MKL call
+        pointer, integer = ctypes.c_void_p, ctypes.c_int
+        for name, scalar in (("cblas_sgemm", ctypes.c_float), ("cblas_dgemm", ctypes.c_double)):
+            function = getattr(library, name)
+            function.restype = None
+            function.argtypes = [integer] * 6 + [scalar, pointer, integer, pointer, integer,
+                                                 scalar, pointer, integer]
+    return library
 
 
 def available() -> bool:
@@ -130,7 +140,8 @@ def _gemm(a, b, out) -> bool:
     op_a, op_b, op_out = _operand(a, itemsize), _operand(b, itemsize), _operand(out, itemsize)
     if op_a is None or op_b is None or op_out is None or op_out[0] != _NO_TRANS:
         return False
-    function = _load().cblas_sgemm if out.dtype == np.float32 else _load().cblas_dgemm
+    library = _state["library"]     # loaded: MKL is chosen
+    function = library.cblas_sgemm if out.dtype == np.float32 else library.cblas_dgemm
     function(_ROW_MAJOR, op_a[0], op_b[0], m, n, k, 1.0, a.ctypes.data, op_a[1], b.ctypes.data,
              op_b[1], 0.0, out.ctypes.data, op_out[1])
     return True
@@ -152,3 +163,22 @@ def product(a, b, out) -> None:
         b_i = b if b.ndim == 2 else b[i if b.shape[0] > 1 else 0]
         if not _gemm(a_i, b_i, out[i]):
             np.matmul(a_i, b_i, out=out[i])
+
+
+def _prime() -> None:
+    """MKL loaded now, at import, with a small product of each transpose the kernels use, so
+    that ``libmkl_rt`` also opens the kernels of this CPU (``libmkl_avx512`` and the like, which
+    it opens at its first call): loading the BLAS library is part of what importing costs, as
+    numpy's OpenBLAS loads when numpy does, not part of a run's memory, which ``lms.host``
+    states (about 12 MiB and 7 ms here). Skipped where ``MINILMS_BLAS`` asks for OpenBLAS; a bad
+    value is left for ``chosen`` to report."""
+    if os.environ.get("MINILMS_BLAS", "").strip().lower() == "openblas" or not available():
+        return
+    n = 64
+    tiny, out = np.ones((n, n), np.float32), np.empty((n, n), np.float32)
+    for trans_a, trans_b in ((_NO_TRANS, _NO_TRANS), (_NO_TRANS, _TRANS), (_TRANS, _NO_TRANS)):
+        _state["library"].cblas_sgemm(_ROW_MAJOR, trans_a, trans_b, n, n, n, 1.0, tiny.ctypes.data,
+                                      n, tiny.ctypes.data, n, 0.0, out.ctypes.data, n)
+
+
+_prime()

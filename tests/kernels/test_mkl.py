@@ -182,6 +182,30 @@ def test_a_bad_or_missing_library_is_one_clear_error(monkeypatch):
         mkl.use("mkl")
 
 
+def test_the_first_products_from_two_threads_agree(monkeypatch):
+    """The first products of a process may come from blas_threads' threads at once: the one
+    that arrives while the other is still loading the library waits for it instead of finding
+    "searched, nothing there" (which made MINILMS_BLAS=mkl fail in a benchmark)."""
+    import threading
+    import time
+    loading = threading.Event()
+
+    def slow_open():
+        loading.set()
+        time.sleep(0.2)
+        return "a library"
+
+    monkeypatch.setattr(mkl, "_state", {"library": None, "searched": False, "chosen": None})
+    monkeypatch.setattr(mkl, "_open", slow_open)
+    seen = []
+    first = threading.Thread(target=lambda: seen.append(mkl.available()))
+    first.start()
+    loading.wait()
+    seen.append(mkl.available())
+    first.join()
+    assert seen == [True, True]
+
+
 @pytest.mark.parametrize("shape, strides, want", [
     ((4, 6), (24, 4), (mkl._NO_TRANS, 6)),      # C-contiguous
     ((4, 6), (4, 16), (mkl._TRANS, 4)),         # a transposed C array
@@ -220,3 +244,19 @@ def test_numba_keeps_openmp_where_the_wheel_brings_tbb():
     except ImportError:
         pytest.skip("Numba's OpenMP layer does not load on this machine")
     assert done.stdout.split() == ["omp"]
+
+
+@needs_mkl
+@pytest.mark.parametrize("blas, loaded", [("", "True"), ("openblas", "False")])
+def test_mkl_loads_with_the_import_unless_openblas_is_asked_for(blas, loaded):
+    """Loaded (and its CPU kernels opened by a small product) while minilms is imported, so the
+    library's pages are part of the import, not of a run's memory; not at all where
+    MINILMS_BLAS=openblas. A process of its own: it happens once."""
+    import os
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", "import minilms.kernels.mkl as m; "
+                           "print(m._state['searched'])"], capture_output=True, text=True,
+                          env={**os.environ, "MINILMS_BLAS": blas}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [loaded]
