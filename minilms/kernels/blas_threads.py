@@ -8,12 +8,15 @@ products and call single-threaded BLAS ran ResNet-50's 1x1 convolutions faster t
 threads (docs/benchmarks.md, "Why the code chose"). numpy releases the GIL for the call, so the
 threads run side by side.
 
-How the work is dealt out (``parts``): a batch of at least as many products as threads, by
-products (contiguous runs of them); anything else, by blocks of rows of ``out`` (of each
-product), or of columns where there are more of them. Either way every element of ``out`` is one
-BLAS dot product over the whole inner dimension: dealing the work out changes which thread
-computes an element, never the order of its sum, and the same shapes and thread count deal it out
-the same way every time.
+How the work is dealt out (``parts``): a batch of at least as many products as threads, by products
+(contiguous runs of them); anything else, by blocks of rows of ``out`` (of each product), or of
+columns where there are more of them. Either way every element of ``out`` is one BLAS dot product
+over the whole inner dimension, and the same shapes and thread count deal it out the same way every
+time: a run's bits do not change from call to call. On OpenBLAS a piece's bits were those of the
+whole product on one thread in every case tested (not those of OpenBLAS's own threads, which may
+cut the inner dimension); MKL may take another kernel for a piece's shape (half the columns of
+``[64, 3136] @ [3136, 256]`` came out with other bits), so there the bits may depend on the thread
+count.
 
 The threads are Numba's count (``numba.get_num_threads``: the cores the ``cpu`` device's kernels
 use). Below ``MIN_FLOPS`` (a thread's wake-up costs more than it saves), with one thread, or where

@@ -19,7 +19,9 @@ process (tests, benchmarks).
 
 Deterministic: sequential MKL gives the same bits for the same shapes from call to call and
 whatever the operands' alignment (tests/kernels/test_mkl.py checks both), so LMS on (blobs at
-other pool offsets) equals LMS off bit for bit. Its bits are not OpenBLAS's.
+other pool offsets) equals LMS off bit for bit. Its bits are not OpenBLAS's, and may depend on
+how ``blas_threads`` cuts a product (MKL picks its kernel by the piece's shape), so on the thread
+count.
 """
 import ctypes
 import ctypes.util

@@ -10,9 +10,11 @@ weight as ``W [O, C]``::
                                           where P is very short (a 7x7 plane), each one GEMM
                                           over a chunk's columns side by side, then dealt
                                           back to the samples (``apart``)
-    dW    = sum over n of dy[n] @ x[n]^T  a GEMM per sample, added in sample order; where a
-                                          sample's P is short, one GEMM over a chunk's columns
-                                          side by side (``[O, k * P] @ [C, k * P]^T``)
+    dW    = sum over n of dy[n] @ x[n]^T  a batched call of one product per core (dealt out
+                                          by samples, each whole on one thread), added in
+                                          sample order; where a sample's P is short, one
+                                          GEMM over a chunk's columns side by side
+                                          (``[O, k * P] @ [C, k * P]^T``)
     dbias = sum over n, p of dy[n, :, p]  ``weight_grad.bias_grad``
 
 Nothing is copied where the stride is 1 and P is long: the direct kernels and im2col + GEMM both
@@ -22,6 +24,7 @@ is gathered into the workspace first, ``chunk`` samples at a time.
 Deterministic: the same shapes take the same calls in the same order; equal to im2col + GEMM up
 to float32 rounding (the tests compare them).
 """
+import numba
 from numba import njit, prange
 
 from ..blas_threads import MIN_FLOPS, matmul
@@ -157,8 +160,17 @@ def weight_grad(x, dy, dweight, dbias, work, chunk, geometry) -> None:
         for n0 in range(0, samples, chunk):
             n1 = min(samples, n0 + chunk)
             xs = _gather(x, work, geometry, n0, n1)
-            for n in range(n0, n1):
-                _accumulate(dy3[n], xs[n - n0].T, dw, first=n == 0)
+            # a product per core at a time, each whole on one thread: the temporary is
+            # threads x [O, C], and each sample's bits are its product's, whatever the threads
+            group = max(1, numba.get_num_threads())
+            for g0 in range(n0, n1, group):
+                g1 = min(n1, g0 + group)
+                products = matmul(dy3[g0:g1], xs[g0 - n0:g1 - n0].transpose(0, 2, 1))
+                for n in range(g0, g1):
+                    if n == 0:
+                        dw[...] = products[0]
+                    else:
+                        dw += products[n - g0]
         return
     for n0 in range(0, samples, chunk):
         n1 = min(samples, n0 + chunk)
