@@ -10,6 +10,7 @@ import pytest
 
 from minilms.commands.common import run
 from minilms.commands.train import main
+from minilms.kernels import mkl
 from minilms.training.checkpoint import load_checkpoint
 
 from .test_train import TINY, write_config
@@ -87,6 +88,7 @@ def test_loss_and_accuracy_are_found_by_the_model_s_names(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert np.isfinite(summary["loss"]) and 0 <= summary["accuracy"] <= 1
     assert 0 <= summary["val_accuracy"] <= 1
+    assert summary["blas"] == mkl.chosen()      # whose bits these are (kernels/mkl.py)
 
 
 def test_a_validation_cut_short_by_max_iters_names_its_iteration(tmp_path, capsys):

@@ -309,6 +309,8 @@ class Trainer:
                    "seconds": round(seconds, 2), **{k: v for k, v in last.items()}}
         if world.distributed:
             summary["ranks"] = world.size
+        if self.device.kind == "cpu":     # a run's bits depend on the library (kernels/mkl.py)
+            summary["blas"] = blas_library()
         self.say(self.finish(summary))
         if world.rank == 0:
             (run_dir / "summary.json").write_text(
@@ -366,7 +368,8 @@ class Trainer:
         plan, policy = self.plan, self.plan.policy
         return (f"training {self.config.name}: {len(self.net.layers)} layers, batch "
                 f"{self.config.data.batch_size}, {len(self.loader)} iterations per epoch, "
-                f"{int(self.total_iters)} in all, on {self.device.name}\n"
+                f"{int(self.total_iters)} in all, on {self.device.name}"
+                + (f", BLAS {blas_library()}" if self.device.kind == "cpu" else "") + "\n"
                 f"{policy.describe()}: peak {format_bytes(plan.peak)} of "
                 f"{format_bytes(plan.capacity)}, moves {format_bytes(plan.bytes_moved('h2d'))} "
                 f"H2D and {format_bytes(plan.bytes_moved('d2h'))} D2H per iteration\n"
