@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minilms.kernels.direct import conv as conv_direct
+from minilms.kernels.direct import input_grad as conv_input_grad
 
 from .conv_geometry import amid_nans, geometries
 
@@ -92,16 +93,16 @@ def test_no_bias_and_lane_choice():
 
 
 def test_input_grad_pays_where_measured():
-    assert (conv_direct.input_grad_pays((16, 16, 3, 3), 32 * 32)
-            and conv_direct.input_grad_pays((8, 64, 3, 3), 4 * 4))
-    assert not conv_direct.input_grad_pays((20, 1, 5, 5), 24 * 24)  # LeNet conv1: one channel
-    assert not conv_direct.input_grad_pays((50, 20, 5, 5), 8 * 8)   # LeNet conv2: 25 taps
+    assert (conv_input_grad.input_grad_pays((16, 16, 3, 3), 32 * 32)
+            and conv_input_grad.input_grad_pays((8, 64, 3, 3), 4 * 4))
+    assert not conv_input_grad.input_grad_pays((20, 1, 5, 5), 24 * 24)  # LeNet conv1: one channel
+    assert not conv_input_grad.input_grad_pays((50, 20, 5, 5), 8 * 8)   # LeNet conv2: 25 taps
     # many channels on a small plane: im2col + GEMM (ResNet-50's last two stages); the same
     # weights on a larger plane, or fewer channels on the same plane, stay direct
-    assert not conv_direct.input_grad_pays((512, 512, 3, 3), 7 * 7)
-    assert not conv_direct.input_grad_pays((256, 256, 3, 3), 14 * 14)
-    assert conv_direct.input_grad_pays((256, 256, 3, 3), 28 * 28)
-    assert conv_direct.input_grad_pays((128, 128, 3, 3), 7 * 7)
+    assert not conv_input_grad.input_grad_pays((512, 512, 3, 3), 7 * 7)
+    assert not conv_input_grad.input_grad_pays((256, 256, 3, 3), 14 * 14)
+    assert conv_input_grad.input_grad_pays((256, 256, 3, 3), 28 * 28)
+    assert conv_input_grad.input_grad_pays((128, 128, 3, 3), 7 * 7)
 
 
 def test_supports_float32_without_groups_only():
@@ -138,7 +139,7 @@ def test_input_grad_matches_adjoint(geometry, seed):
     dy = rng.standard_normal((n, o, geometry.out_h, geometry.out_w)).astype(np.float32)
     dx = np.full((n, c, height, width), np.nan, np.float32)
     work = np.full(10**5, np.nan, np.float32)
-    applies = conv_direct.conv_input_grad_direct(dy, weight, dx, work, g)
+    applies = conv_input_grad.conv_input_grad_direct(dy, weight, dx, work, g)
     assert applies == (ph <= dh * (kh - 1) and pw <= dw * (kw - 1))
     if applies:
         np.testing.assert_allclose(dx, reference_input_grad(dy, weight, dx.shape, *g[1:]),
@@ -150,7 +151,7 @@ def test_input_grad_matches_adjoint(geometry, seed):
 def test_input_grad_declines_strides():
     weight = np.ones((2, 2, 3, 3), np.float32)
     dy, dx = np.ones((1, 2, 3, 3), np.float32), np.full((1, 2, 6, 6), np.nan, np.float32)
-    assert not conv_direct.conv_input_grad_direct(dy, weight, dx, np.empty(10**4, np.float32),
+    assert not conv_input_grad.conv_input_grad_direct(dy, weight, dx, np.empty(10**4, np.float32),
                                                   ((3, 3), (2, 2), (1, 1), (1, 1)))
     assert np.isnan(dx).all()
 

@@ -222,7 +222,7 @@ def test_float32_cpu_takes_the_direct_path(name, monkeypatch):
     dy = rng.standard_normal(layer.top_shapes[0])
     _, dx64, grads64 = forward_backward("cpu", conv(**options), x, dy, params)
     plane = layer.top_shapes[0][2] * layer.top_shapes[0][3]
-    im2col_dx = (layer.stride != (1, 1) or not conv_direct.input_grad_pays(
+    im2col_dx = (layer.stride != (1, 1) or not conv_input_grad.input_grad_pays(
         params["weight"].shape, plane)) and not conv_input_grad.sample_lanes_pay(
         shape, params["weight"].shape, layer._geometry())
     real_backward = conv_cpu.conv_backward

@@ -50,7 +50,7 @@ from .vector_ir import I32, I64, VL, Vectors
 
 __all__ = ["VL", "Layout", "lanes", "layout", "tile_table", "padded_size", "chunk_size",
            "kernel_inputs", "prepare_input", "supports", "conv_forward_direct",
-           "transposed_geometry", "input_grad_pays", "conv_input_grad_direct"]
+           "FWD_GEMM_WEIGHTS", "FWD_GEMM_PLANE", "forward_pays"]
 
 @intrinsic
 def _tile(typingctx, block, taps, vl, step, x, w, bias, offsets, masks, y, channels, x_channel,
@@ -404,19 +404,6 @@ def prepare_input(x, work, geometry, max_step: int = 2):
     return xs.reshape(x.shape[0], -1)
 
 
-def transposed_geometry(geometry):
-    """The input gradient of a stride-1 convolution is a convolution of ``dy`` with the weights
-    flipped and their two channel axes swapped, padded by ``dilation * (k - 1) - pad``:
-    ``dx[c, h, w] = sum over o, i, j of weight[o, c, i, j] * dy[o, h + ph - i dh, w + pw - j dw]``.
-    Returns that convolution's geometry, or None where it does not apply (stride > 1, or more
-    padding than the kernel reaches)."""
-    kernel_size, stride, padding, dilation = geometry
-    pad = tuple(d * (k - 1) - p for k, p, d in zip(kernel_size, padding, dilation))
-    if stride != (1, 1) or min(pad) < 0:
-        return None
-    return kernel_size, stride, pad, dilation
-
-
 # Weights (output x input channels) from which im2col + GEMM makes the forward faster than the
 # direct kernel, on output planes of at most FWD_GEMM_PLANE positions (measured). The same bounds
 # as the weight gradient's (weight_grad.DW_GEMM_*): a layer whose forward takes the GEMM takes it
@@ -432,35 +419,3 @@ def forward_pays(weight_shape, out_plane: int) -> bool:
     there each tile of the plane streams the whole weight through the cache again."""
     out, channels, kh, kw = weight_shape
     return not (out * channels >= FWD_GEMM_WEIGHTS and out_plane <= FWD_GEMM_PLANE)
-
-
-# Weights (output x input channels) from which im2col + GEMM makes an input gradient faster than
-# the transposed direct convolution, on output planes of at most DX_GEMM_PLANE positions (measured).
-DX_GEMM_WEIGHTS = 1 << 15
-DX_GEMM_PLANE = 14 * 14
-
-
-def input_grad_pays(weight_shape, out_plane: int) -> bool:
-    """Measured (``scripts/bench_kernels.py``; the figures in docs/benchmarks.md): the direct
-    input gradient beats col2im for a small ResNet's 3x3 layers, and loses where ``dx`` has few
-    channels (LeNet conv1's one: a single accumulator chain) or the taps are many (5x5: the ``kw``
-    copies of ``dy`` cost more than they save; ``input_grad``, samples in lanes, takes those), or
-    where many channels meet a small plane (``DX_GEMM_WEIGHTS``, ``DX_GEMM_PLANE``)."""
-    out, channels, kh, kw = weight_shape
-    return channels >= 16 and kh * kw <= 9 and not (
-        out * channels >= DX_GEMM_WEIGHTS and out_plane <= DX_GEMM_PLANE)
-
-
-def conv_input_grad_direct(dy, weight, dx, work, geometry) -> bool:
-    """``dx`` (overwritten) of a stride-1 convolution as a direct convolution of ``dy``, through
-    ``work``. False, with nothing written, where the direct path does not apply or ``work`` holds
-    less than one sample."""
-    transposed = transposed_geometry(geometry)
-    if transposed is None or not supports(dy.dtype, 1):
-        return False
-    chunk = chunk_size(dy.shape, transposed, work.size)
-    if chunk < 1:
-        return False
-    flipped = np.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
-    conv_forward_direct(dy, flipped, None, dx, work, chunk, transposed)
-    return True

@@ -51,8 +51,8 @@ class DirectConvolution:
         # the larger of the forward's and the weight gradient's prepared inputs (max_step 1),
         # and of dy's as the input of the transposed convolution where that path is taken
         x_sample = conv.padded_size(x_shape, *geometry, max_step=1)
-        transposed = conv.transposed_geometry(geometry)
-        if transposed is not None and conv.input_grad_pays(weight_shape, out_h * out_w):
+        transposed = input_grad.transposed_geometry(geometry)
+        if transposed is not None and input_grad.input_grad_pays(weight_shape, out_h * out_w):
             self.dx_path = "direct"
         dy_sample = 0 if self.dx_path is None else \
             conv.padded_size((samples, out, out_h, out_w), *transposed)
@@ -103,7 +103,7 @@ class DirectConvolution:
         # OpenBLAS's workers, which spin for a while after a call.
         done_dx = False
         if dx is not None and self.dx_path == "direct":
-            done_dx = conv.conv_input_grad_direct(dy, weight, dx, work, self.geometry)
+            done_dx = input_grad.conv_input_grad_direct(dy, weight, dx, work, self.geometry)
         elif dx is not None and self.dx_path == "lanes":
             done_dx = input_grad.conv_input_grad_lanes(dy, weight, dx, work, self.geometry)
         chunk = conv.chunk_size(x.shape, self.geometry, work.size, max_step=1)

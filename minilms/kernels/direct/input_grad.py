@@ -1,11 +1,16 @@
-"""The input gradient of a convolution on the ``cpu`` device with samples in the vector lanes.
+"""The input gradient of a convolution on the ``cpu`` device, two direct ways.
 
-The transposed convolution of ``conv`` puts output positions in the lanes. Where most of
-what it reads is padding, that wastes the vector: LeNet conv2's 5x5 kernel on an 8x8 ``dy`` pads
-it by 4 on each side (56% of the products are with zeros), and a stride of 2 would need ``dy``
-dilated by zeros (3 of 4). col2im instead goes through a ``kh * kw`` times larger buffer and a
-GEMM whose OpenBLAS threads keep spinning after it. Here ``VL`` samples ride in the lanes, and
-every element of ``dx`` sums exactly its valid taps, for any stride, padding and dilation::
+**Transposed** (``conv_input_grad_direct``, stride 1): ``dx`` is a direct convolution of ``dy``
+with the weights flipped and their channel axes swapped (``transposed_geometry``), run by
+``conv``'s kernel; ``input_grad_pays`` says where that beats col2im.
+
+**Samples in the vector lanes** (``conv_input_grad_lanes``): the transposed convolution puts output
+positions in the lanes. Where most of what it reads is padding, that wastes the vector: LeNet
+conv2's 5x5 kernel on an 8x8 ``dy`` pads it by 4 on each side (56% of the products are with zeros),
+and a stride of 2 would need ``dy`` dilated by zeros (3 of 4). col2im instead goes through a ``kh *
+kw`` times larger buffer and a GEMM whose OpenBLAS threads keep spinning after it. Here ``VL``
+samples ride in the lanes, and every element of ``dx`` sums exactly its valid taps, for any stride,
+padding and dilation::
 
     dx[n, c, h, w] = sum over (i, oh) in rows(h), (j, ow) in cols(w), o of
                      weight[o, c, i, j] * dy[n, o, oh, ow]
@@ -29,13 +34,60 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ..registry import cpu_variant
+from .conv import chunk_size, conv_forward_direct, supports
 from .vector_ir import I64, VL, Vectors
 
-__all__ = ["valid_taps", "sample_lanes_pay", "conv_input_grad_lanes"]
+__all__ = ["transposed_geometry", "DX_GEMM_WEIGHTS", "DX_GEMM_PLANE", "input_grad_pays",
+           "conv_input_grad_direct", "valid_taps", "sample_lanes_pay", "conv_input_grad_lanes"]
 
 LANES_MIN_SIZE = 1 << 17    # elements of dx below which a GEMM is faster (sample_lanes_pay)
 GEMM_CHANNELS = 128          # input channels from which the GEMM is faster (sample_lanes_pay)
 BLOCK = 16        # channels a call: 16 accumulators, one dy vector and room to spare (32 zmm)
+
+
+def transposed_geometry(geometry):
+    """The input gradient of a stride-1 convolution is a convolution of ``dy`` with the weights
+    flipped and their two channel axes swapped, padded by ``dilation * (k - 1) - pad``:
+    ``dx[c, h, w] = sum over o, i, j of weight[o, c, i, j] * dy[o, h + ph - i dh, w + pw - j dw]``.
+    Returns that convolution's geometry, or None where it does not apply (stride > 1, or more
+    padding than the kernel reaches)."""
+    kernel_size, stride, padding, dilation = geometry
+    pad = tuple(d * (k - 1) - p for k, p, d in zip(kernel_size, padding, dilation))
+    if stride != (1, 1) or min(pad) < 0:
+        return None
+    return kernel_size, stride, pad, dilation
+
+
+# Weights (output x input channels) from which im2col + GEMM makes an input gradient faster than
+# the transposed direct convolution, on output planes of at most DX_GEMM_PLANE positions (measured).
+DX_GEMM_WEIGHTS = 1 << 15
+DX_GEMM_PLANE = 14 * 14
+
+
+def input_grad_pays(weight_shape, out_plane: int) -> bool:
+    """Measured (``scripts/bench_kernels.py``; the figures in docs/benchmarks.md): the direct
+    input gradient beats col2im for a small ResNet's 3x3 layers, and loses where ``dx`` has few
+    channels (LeNet conv1's one: a single accumulator chain) or the taps are many (5x5: the ``kw``
+    copies of ``dy`` cost more than they save; ``input_grad``, samples in lanes, takes those), or
+    where many channels meet a small plane (``DX_GEMM_WEIGHTS``, ``DX_GEMM_PLANE``)."""
+    out, channels, kh, kw = weight_shape
+    return channels >= 16 and kh * kw <= 9 and not (
+        out * channels >= DX_GEMM_WEIGHTS and out_plane <= DX_GEMM_PLANE)
+
+
+def conv_input_grad_direct(dy, weight, dx, work, geometry) -> bool:
+    """``dx`` (overwritten) of a stride-1 convolution as a direct convolution of ``dy``, through
+    ``work``. False, with nothing written, where the direct path does not apply or ``work`` holds
+    less than one sample."""
+    transposed = transposed_geometry(geometry)
+    if transposed is None or not supports(dy.dtype, 1):
+        return False
+    chunk = chunk_size(dy.shape, transposed, work.size)
+    if chunk < 1:
+        return False
+    flipped = np.ascontiguousarray(weight[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+    conv_forward_direct(dy, flipped, None, dx, work, chunk, transposed)
+    return True
 
 
 @intrinsic
