@@ -109,16 +109,18 @@ def matmul(a, b, out=None):
     libraries = _libraries()
     if (threads < 2 or not libraries or out.ndim not in (2, 3)
             or 2.0 * out.size * a.shape[-1] < MIN_FLOPS):
-        _product(a, b, out)
+        _product(a, b, out, mkl.library_for(a, out))
         return out
+    library = mkl.library_for(a, out)       # the whole call's: every piece runs where it would
     pieces = [_piece(a, b, out, *p) for p in parts(out.shape, threads)]
     if len(pieces) < 2:
-        _product(a, b, out)
+        _product(a, b, out, library)
         return out
     _hold_blas(libraries)
     try:
-        pending = [_pool(len(pieces) - 1).submit(_product, *piece) for piece in pieces[1:]]
-        _product(*pieces[0])
+        pending = [_pool(len(pieces) - 1).submit(_product, *piece, library)
+                   for piece in pieces[1:]]
+        _product(*pieces[0], library)
         for job in pending:
             job.result()
     finally:
@@ -145,5 +147,5 @@ def _release_blas(libraries) -> None:
                 library.set_num_threads(count)
 
 
-def _product(a, b, out):
-    mkl.product(a, b, out)
+def _product(a, b, out, library):
+    mkl.product(a, b, out, library)

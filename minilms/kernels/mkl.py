@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["CHOICES", "MIN_FLOPS", "available", "chosen", "use", "product"]
+__all__ = ["CHOICES", "MIN_FLOPS", "available", "chosen", "use", "library_for", "product"]
 
 CHOICES = ("mkl", "openblas")
 # A product's FLOPs below which numpy's matmul runs it even where MKL is chosen: a call through
@@ -149,11 +149,21 @@ def _gemm(a, b, out) -> bool:
     return True
 
 
-def product(a, b, out) -> None:
-    """``numpy.matmul(a, b, out=out)`` for 2-D or 3-D operands (a 2-D one goes with every product
-    of a batch), on the chosen library: a ``cblas_?gemm`` per product on MKL."""
+def library_for(a, out) -> str:
+    """The library that runs ``out = a @ b``: ``mkl`` where it is chosen and each product of the
+    call reaches ``MIN_FLOPS`` (float32 or float64, 2-D or 3-D), else ``openblas``. A caller that
+    cuts a call into pieces asks once, for the whole, so every piece runs where the whole would."""
     if (chosen() != "mkl" or out.dtype not in (np.float32, np.float64) or out.ndim not in (2, 3)
             or 2.0 * out.shape[-2] * out.shape[-1] * a.shape[-1] < MIN_FLOPS):
+        return "openblas"
+    return "mkl"
+
+
+def product(a, b, out, library: str | None = None) -> None:
+    """``numpy.matmul(a, b, out=out)`` for 2-D or 3-D operands (a 2-D one goes with every product
+    of a batch), on ``library`` (default ``library_for`` this call): a ``cblas_?gemm`` per
+    product on MKL."""
+    if (library or library_for(a, out)) != "mkl":
         np.matmul(a, b, out=out)
         return
     if out.ndim == 2:

@@ -21,10 +21,10 @@ def three_threads(monkeypatch):
     seen = []
     product = blas_threads._product
 
-    def recording(a, b, out):
+    def recording(a, b, out, library):
         seen.append((threading.get_ident(), out.shape,
                      [lib.num_threads for lib in blas_threads._libraries()]))
-        product(a, b, out)
+        product(a, b, out, library)
 
     monkeypatch.setattr(blas_threads, "_product", recording)
     return seen
@@ -109,7 +109,8 @@ def test_small_products_and_one_thread_are_one_call(monkeypatch):
     calls = []
     product = blas_threads._product
     monkeypatch.setattr(blas_threads, "_product",
-                        lambda a, b, out: calls.append(out.shape) or product(a, b, out))
+                        lambda a, b, out, library: calls.append(out.shape)
+                        or product(a, b, out, library))
     rng = np.random.default_rng(5)
     a, b = _operands(rng, (8, 8), (8, 8))
     out = np.empty((8, 8), np.float32)

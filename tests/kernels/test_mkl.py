@@ -134,6 +134,23 @@ def test_dealt_out_products_are_right_and_the_same_every_call(monkeypatch, libra
 
 
 @needs_mkl
+def test_pieces_run_where_the_whole_call_would(on_mkl, monkeypatch):
+    """A call just over ``MIN_FLOPS`` cut in two: each piece is under it, yet runs on MKL, as
+    the whole would; one just under it stays on numpy's matmul in every piece."""
+    monkeypatch.setattr(blas_threads.numba, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(blas_threads, "MIN_FLOPS", 0)
+    rng = np.random.default_rng(5)
+    a, b = _random(rng, (64, 64)), _random(rng, (64, 300))
+    out = np.empty((64, 300), np.float32)
+    for least, on in ((2.0 * a.size * 300 - 1, True), (2.0 * a.size * 300 + 1, False)):
+        monkeypatch.setattr(mkl, "MIN_FLOPS", least)
+        on_mkl.clear()
+        blas_threads.matmul(a, b, out=out)
+        assert on_mkl == ([True, True] if on else [])
+        np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+@needs_mkl
 def test_what_mkl_cannot_take_is_numpys(on_mkl):
     """A view without a unit stride, an empty product, integers: numpy's matmul, right."""
     rng = np.random.default_rng(2)
