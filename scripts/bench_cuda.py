@@ -449,8 +449,11 @@ def section_train(args, report):
                   f"{row.get('vs_torch', float('nan')):7.2f}x {row['launches'] or '':>8} "
                   f"{format_bytes(row['pool']) if row['pool'] else '':>10} "
                   f"{row['first_s']:6.1f}s")
-        for row in rows[-len(contenders):]:
-            print(f"  losses {row['name']}: " + " ".join(f"{v:.5f}" for v in row["losses"]))
+        for row, contender in zip(rows[-len(contenders):], contenders):
+            # the read-behind row shares LMS off's executor: its losses go on from LMS off's run
+            later = " (later iterations, same weights)" if isinstance(contender, ReadBehind) else ""
+            print(f"  losses {row['name']}{later}: "
+                  + " ".join(f"{v:.5f}" for v in row["losses"]))
     if not args.simulated:
         from minilms.kernels.prepared_launch import PREPARED
         ready = sum(1 for entry in PREPARED.values() if entry)
