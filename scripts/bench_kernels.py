@@ -96,7 +96,9 @@ def gemm_cases(torch, F, rng):
 def pool_cases(torch, F, rng):
     from minilms.kernels import pooling
     for label, shape, k, s, p in (("max 2x2 LeNet", (64, 20, 24, 24), 2, 2, 0),
-                                  ("max 3x3/2 ResNet stem", (32, 64, 32, 32), 3, 2, 1)):
+                                  ("max 3x3/2 ResNet stem", (32, 64, 32, 32), 3, 2, 1),
+                                  ("max 3x3/2 ResNet-50 pool1 b8", (8, 64, 112, 112), 3, 2, 1),
+                                  ("max 3x3/2 GoogLeNet 56x56 b8", (8, 192, 56, 56), 3, 2, 1)):
         x = rng.standard_normal(shape).astype(np.float32)
         oh = pooling.pool_output_size(shape[2], k, s, p)
         ow = pooling.pool_output_size(shape[3], k, s, p)

@@ -28,6 +28,7 @@ import numpy as np
 from numba import cuda, njit, prange
 
 from .common import block_sum, grid_1d, launch, view
+from .pooling_rows import max_pool_forward_rows_cpu, max_pool_forward_stride2_cpu, stride2_rows_pay
 from .registry import cpu_variant, cuda_kernel, on_cpu, shared
 
 __all__ = ["pool_output_size", "max_pool_forward", "max_pool_backward", "avg_pool_forward",
@@ -206,39 +207,6 @@ def max_pool_forward_cpu(x, y, argmax, geom):
                 y[n, c, oh, ow], argmax[n, c, oh, ow] = max_at_cpu(x, n, c, oh, ow, geom)
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def max_pool_forward_rows_cpu(x, y, argmax, geom):
-    """``max_pool_forward_cpu`` for a horizontal stride of 1 (GoogLeNet's 3x3 pools in its
-    inception blocks), a row of outputs at a time: each tap's inputs for the row are consecutive,
-    so the compare-and-keep over the row vectorises. Every output still sees its window's
-    elements in row-major order from the window's first, with ``max_at``'s rule (a greater value
-    or a NaN replaces): the same values and argmax bit for bit (tested)."""
-    kh, kw, sh, sw, ph, pw = geom
-    n_, c_, ho, wo = y.shape
-    height, width = x.shape[2], x.shape[3]
-    for plane in prange(n_ * c_):
-        n, c = plane // c_, plane % c_
-        src, best, where = x[n, c], y[n, c], argmax[n, c]
-        for oh in range(ho):
-            h0 = max(oh * sh - ph, 0)
-            b, a = best[oh], where[oh]
-            for ow in range(wo):                 # the window's first element
-                w0 = max(ow - pw, 0)
-                b[ow], a[ow] = src[h0, w0], h0 * width + w0
-            for i in range(kh):
-                h = oh * sh - ph + i
-                if h < 0 or h >= height:
-                    continue
-                row = src[h]
-                for j in range(kw):
-                    for ow in range(wo):
-                        w = ow - pw + j
-                        if 0 <= w < width:
-                            v = row[w]
-                            if v > b[ow] or v != v:
-                                b[ow], a[ow] = v, h * width + w
-
-
 @cuda_kernel(*_sigs(f"void(X, {_I4}, X, {_G})"))
 def max_pool_backward_cuda(dy, argmax, dx, geom):
     _, c_, h_, w_ = dx.shape
@@ -271,8 +239,13 @@ def max_pool_forward(x, y, argmax, kernel, stride=None, pad=0, stream=None):
     geom = _geometry(x, y, kernel, stride, pad)
     args = (view(x, *x.shape), view(y, *y.shape), _argmax(argmax, y), geom)
     if on_cpu(x):
-        horizontal_stride = geom[3]
-        (max_pool_forward_rows_cpu if horizontal_stride == 1 else max_pool_forward_cpu)(*args)
+        kh, kw, sh, sw, ph, pw = geom
+        if sw == 1:
+            max_pool_forward_rows_cpu(*args)
+        elif sw == 2 and stride2_rows_pay(x.shape[3], y.shape[3], kw, pw):
+            max_pool_forward_stride2_cpu(*args)
+        else:
+            max_pool_forward_cpu(*args)
     else:
         launch(max_pool_forward_cuda, *grid_1d(y.size), stream)(*args)
 

@@ -137,6 +137,50 @@ def test_rows_kernel_is_the_per_output_kernel_bit_for_bit(h, w, k, s, p, dtype, 
     np.testing.assert_array_equal(y, y_ref)                   # NaN where NaN
 
 
+@pytest.mark.parametrize("h, w, k, s, p, ceil", [(5, 40, 3, 2, 1, False),
+                                                  (6, 41, 3, 2, 0, True),
+                                                  (7, 45, (3, 2), (1, 2), (1, 1), False),
+                                                  (4, 52, (2, 5), 2, (1, 2), True)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_stride2_rows_kernel_is_the_per_output_kernel_bit_for_bit(h, w, k, s, p, ceil, dtype,
+                                                                  monkeypatch):
+    """A horizontal stride of 2 on rows long enough (``stride2_rows_pay``) takes the stride-2 row
+    kernel: on ties and NaNs (in its vectorised interior and at both edges) the per-output
+    kernel's maxima and argmax exactly, and numpy's first maximum where no NaN is."""
+    from minilms.kernels import pooling_rows
+    rng = np.random.default_rng(h * w)
+    x = rng.integers(0, 3, (2, 5, h, w)).astype(dtype)      # ties everywhere
+    x[0, 0, 1, :] = np.nan
+    x[1, 2, ::2, 1::3] = np.nan
+    x[1, 3, :, :2] = x[1, 3, :, -2:] = np.nan                 # the rows' edges
+    y, arg = np.empty(out_shape(x, k, s, p, ceil), dtype), np.empty(out_shape(x, k, s, p, ceil),
+                                                                     np.int32)
+    y_ref, arg_ref = np.empty_like(y), np.empty_like(arg)
+    geom = pl._geometry(x, y, k, s, p)
+    assert geom[3] == 2 and pooling_rows.stride2_rows_pay(w, y.shape[3], geom[1], geom[5])
+    pl.max_pool_forward_cpu(x, y_ref, arg_ref, geom)
+    monkeypatch.setattr(pl, "max_pool_forward_cpu", None)    # the stride-2 kernel, or a failure
+    pl.max_pool_forward(x, y, arg, k, s, p)
+    np.testing.assert_array_equal(arg, arg_ref)
+    np.testing.assert_array_equal(y, y_ref)                   # NaN where NaN
+    clean = np.nan_to_num(x, nan=-1.0)
+    y_naive, arg_naive = naive_max(clean, k, s, p, ceil)
+    pl.max_pool_forward(clean, y, arg, k, s, p)
+    np.testing.assert_array_equal(arg, arg_naive)
+    np.testing.assert_array_equal(y, y_naive)
+
+
+def test_stride2_rows_kernel_only_where_a_row_fills_a_vector():
+    """Rows whose interior is shorter than a vector keep the per-output kernel (measured faster
+    there): ResNet's 112-wide stem pool takes the row kernel, GoogLeNet's 28-wide does not."""
+    from minilms.kernels import pooling_rows
+    from minilms.kernels.direct.vector_ir import VL
+    assert pooling_rows.stride2_rows_pay(112, 56, 3, 1)
+    assert not pooling_rows.stride2_rows_pay(2 * VL - 2, VL - 1, 3, 0)
+    inner, outer = pooling_rows.interior(112, 56, 3, 1)
+    assert (inner, outer) == (1, 56)       # output 0's window starts in the padding
+
+
 @pytest.mark.parametrize("h, w, k, s, p, ceil", [CONFIGS[1], CONFIGS[3], CONFIGS[5]])
 def test_backward_against_numerical_gradient(h, w, k, s, p, ceil):
     rng = np.random.default_rng(h + w)
