@@ -220,17 +220,17 @@ def max_pool_backward_cpu(dy, argmax, dx, geom):
     # A scatter, one plane per thread: each dx element receives its dy values in (oh, ow) order,
     # as the CUDA gather adds them, so the sums are identical, at one pass over dy instead of a
     # search of every covering window per input (measured much faster than gathering on the CPU).
+    # Planes as flat rows: the argmax is the flat index itself (no division per element).
     n_, c_, h_, w_ = dx.shape
-    ho, wo = dy.shape[2], dy.shape[3]
+    plane_out = dy.shape[2] * dy.shape[3]
+    grads, sources = dx.reshape(n_ * c_, h_ * w_), dy.reshape(n_ * c_, plane_out)
+    where = argmax.reshape(n_ * c_, plane_out)
     for plane in prange(n_ * c_):
-        n, c = plane // c_, plane % c_
-        for h in range(h_):
-            for w in range(w_):
-                dx[n, c, h, w] = 0
-        for oh in range(ho):
-            for ow in range(wo):
-                at = argmax[n, c, oh, ow]
-                dx[n, c, at // w_, at % w_] += dy[n, c, oh, ow]
+        grad, source, at = grads[plane], sources[plane], where[plane]
+        for i in range(h_ * w_):
+            grad[i] = 0
+        for i in range(plane_out):
+            grad[at[i]] += source[i]
 
 
 def max_pool_forward(x, y, argmax, kernel, stride=None, pad=0, stream=None):
