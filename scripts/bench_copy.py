@@ -2,23 +2,32 @@
 bytes.
 
     python scripts/bench_copy.py [--sizes 1MiB 16MiB 64MiB 256MiB] [--repeat 7]
+    python scripts/bench_copy.py --iteration resnet50:224:8 [--pairs 16] [--pool-fraction 8]
 
 Each copy is timed as the best of ``--repeat`` runs, interleaved with the baseline: ``numpy.copyto``
 between exactly the same two buffers (the host copy and the arena view), in the same process.
 Ratio = copyto time / device time; the goal is at least 0.8. Async copies go through the copy
 stream and are timed to the event recorded after them; what they add over a synchronous copy is
-the hand-off to the copy thread, printed in microseconds. On a machine with a GPU,
+the hand-off to the copy thread, printed in microseconds. "waited" is an async copy that the
+compute stream waits for (``event.wait(compute_stream)``, as a step waits for its loads): on the
+``cpu`` device the waiting thread copies pieces of it beside the copy thread
+(``device/cpu_streams.py``), against the same wait with that help off ("help x").
+``--iteration`` measures what the help gives a training iteration instead: one LMS-on executor
+(``policy: auto`` in 1/``--pool-fraction`` of LMS off's pool), iterations alternating help on
+and off, ``--pairs`` of each (in one process: this drift-prone VM's only fair comparison), with
+the stall each time. On a machine with a GPU,
 ``--device cuda`` measures pinned transfers instead (no baseline ratio: the link is the limit
 there).
 """
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from minilms.device import make_device
+from minilms.device import cpu_streams, make_device
 from minilms.errors import MinilmsError
 from minilms.sizes import format_bytes, parse_size
 
@@ -44,11 +53,22 @@ def measure(device, nbytes: int, repeat: int) -> dict:
         done.record(device.h2d_stream)
         done.synchronize()
 
+    def waited(helping):
+        def run():
+            cpu_streams.HELP_WHILE_WAITING = helping
+            done = device.event()
+            device.h2d(arena, host, stream=device.h2d_stream)
+            done.record(device.h2d_stream)
+            done.wait(device.compute_stream)
+            cpu_streams.HELP_WHILE_WAITING = True
+        return run
+
     runs = {"h2d": lambda: device.h2d(arena, host), "d2h": lambda: device.d2h(host, arena),
             "h2d async": async_h2d}
     if device.kind == "cpu":  # the same bytes between the same two buffers, with numpy alone
         runs["copyto h2d"] = lambda: np.copyto(arena, host)
         runs["copyto d2h"] = lambda: np.copyto(host, arena)
+        runs["waited"], runs["waited alone"] = waited(True), waited(False)
     best = {name: float("inf") for name in runs}
     for _ in range(repeat):
         for name, run in runs.items():
@@ -57,12 +77,49 @@ def measure(device, nbytes: int, repeat: int) -> dict:
     return best
 
 
+def iteration(case: str, pairs: int, fraction: int) -> int:
+    """LMS on, iterations alternating the waiting thread's help on and off (the docstring)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_fullsize import build, parse_case
+
+    from minilms.lms import LmsExecutor, Policy, least_pool, resident_bytes
+    from minilms.solver import SGD
+    net, inputs = build(parse_case(case), np)
+    steps = net.schedule(("momentum",))
+    policy = Policy(policy="auto")
+    pool = max(resident_bytes(net, steps) // fraction, least_pool(net, steps, policy))
+    executor = LmsExecutor(net, make_device("cpu", pool), SGD(0.01, momentum=0.9), policy)
+    seconds, stalls = {True: [], False: []}, {True: [], False: []}
+    for turn in tqdm(range(1 + pairs), desc="pairs", leave=False):   # the first warms up
+        for helping in ((True, False) if turn % 2 else (False, True)):
+            cpu_streams.HELP_WHILE_WAITING = helping
+            took = timed(lambda: executor.iterate(inputs))
+            if turn:
+                seconds[helping].append(took)
+                stalls[helping].append(executor.stall_seconds)
+    cpu_streams.HELP_WHILE_WAITING = True
+    executor.device.close()
+    print(f"{case}, LMS on in {format_bytes(pool)}, {pairs} pairs alternating in one process:")
+    for helping, name in ((False, "a wait only waits"), (True, "a waiting thread helps")):
+        print(f"  {name:24} median {np.median(seconds[helping]):.4f} s/iter, "
+              f"stall {np.median(stalls[helping]) * 1e3:.1f} ms")
+    ratio = np.median(np.array(seconds[False]) / np.array(seconds[True]))
+    print(f"  help: {ratio:.3f}x (median of the pairs' ratios)")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["1MiB", "16MiB", "64MiB", "256MiB"])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--iteration", metavar="MODEL:SIZE:BATCH",
+                        help="A/B the waiting thread's help on a training iteration instead")
+    parser.add_argument("--pairs", type=int, default=16)
+    parser.add_argument("--pool-fraction", type=int, default=8)
     args = parser.parse_args(argv)
+    if args.iteration:
+        return iteration(args.iteration, args.pairs, args.pool_fraction)
     try:
         sizes = [parse_size(s, "--sizes") for s in args.sizes]
         device = make_device(args.device, max(sizes) + 4096)
@@ -74,7 +131,8 @@ def main(argv=None) -> int:
     cpu = device.kind == "cpu"
     header = f"{'size':>10} {'h2d GB/s':>9} {'d2h GB/s':>9} {'async GB/s':>11}"
     if cpu:
-        header += f" {'copyto GB/s':>12} {'h2d ratio':>10} {'d2h ratio':>10} {'async +us':>10}"
+        header += (f" {'copyto GB/s':>12} {'h2d ratio':>10} {'d2h ratio':>10} {'async +us':>10}"
+                   f" {'waited GB/s':>12} {'help x':>7}")
     rows, worst = [], float("inf")
     for nbytes in tqdm(sizes, desc="sizes", leave=False):
         t = measure(device, nbytes, args.repeat)
@@ -86,7 +144,8 @@ def main(argv=None) -> int:
             worst = min(worst, *ratios)
             handoff_us = (t["h2d async"] - t["h2d"]) * 1e6
             row += (f" {gbps['copyto h2d']:12.2f} {ratios[0]:10.2f} {ratios[1]:10.2f} "
-                    f"{handoff_us:10.1f}")
+                    f"{handoff_us:10.1f} {gbps['waited']:12.2f} "
+                    f"{t['waited alone'] / t['waited']:7.2f}")
         rows.append(row)
     device.close()
     print(header, *rows, sep="\n")

@@ -120,3 +120,25 @@ def test_slow_swap_outs_still_give_the_weights_of_lms_off():
         _, broken = run_lms(layers, batches, solver, capacity, disable_load_waits=True)
     assert broken[0] != expected[0] or any(
         not np.array_equal(broken[1][k], v) for k, v in expected[1].items())
+
+
+def test_copies_in_pieces_that_a_waiting_thread_shares_give_the_weights_of_lms_off(monkeypatch):
+    """Every copy in pieces of 16 bytes (``cpu_streams.SPLIT``), the compute thread copying
+    pieces while it waits, swap-outs late: LMS off's weights, bit for bit."""
+    from minilms.device import cpu_streams
+    monkeypatch.setattr(cpu_streams, "SPLIT", 16)
+    split = []
+    real_init = cpu_streams.SplitCopy.__init__
+
+    def counted(self, *args):
+        real_init(self, *args)
+        split.append(self.pieces)
+    monkeypatch.setattr(cpu_streams.SplitCopy, "__init__", counted)
+    layers = DAG
+    batches = [batch(2, 2, 6, 3, seed=s) for s in (0, 1)]
+    expected = reference(layers, batches, solver, iterations=2)
+    net = make_net(layers, batches[0])
+    capacity = least_pool(net, net.schedule(("momentum",)), Policy(prefetch=2))
+    _, got = run_lms(layers, batches, solver, capacity)
+    assert len(split) > 10 and max(split) > 1
+    assert_identical(got, expected)

@@ -4,101 +4,19 @@ Kernels only ever touch views of the arena, and copies between host copies and t
 memory copies, so LMS behaves here as it does on a GPU and can be tested and studied without one.
 An optional ``Link`` makes each copy last at least ``bytes / bandwidth``.
 
-Streams mirror CUDA's: work on a stream runs in order. The compute stream runs work at once in the
-calling thread (kernels are synchronous on the host); each copy stream (``h2d``, ``d2h``) has a
-thread of its own, and ``numpy.copyto`` and Numba kernels release the GIL, so copies each way
-overlap with compute and with each other (a ``Link`` holds each direction on its own, as a
-full-duplex link carries both at once).
+Streams mirror CUDA's (``cpu_streams``): work on a stream runs in order. The compute stream runs
+work at once in the calling thread; each copy stream (``h2d``, ``d2h``) has a thread of its own,
+so copies each way overlap with compute and with each other (a ``Link`` holds each direction on
+its own, as a full-duplex link carries both at once), and a compute thread that waits for a copy
+does copy work meanwhile.
 """
-import queue
-import threading
-
 import numpy as np
 
 from .. import events
 from ..sizes import format_bytes
 from .base import Device
+from .cpu_streams import CpuEvent, CpuStream, SplitCopy, splits
 from .link import Link
-
-
-class CpuStream:
-    def __init__(self, name: str, threaded: bool):
-        self.name = name
-        self._error: BaseException | None = None
-        self._queue: queue.Queue | None = queue.Queue() if threaded else None
-        if threaded:
-            threading.Thread(target=self._serve, name=f"minilms-{name}", daemon=True).start()
-
-    def submit(self, work) -> None:
-        self._raise_pending()
-        if self._queue is None:
-            work()
-        else:
-            self._queue.put(work)
-
-    def synchronize(self) -> None:
-        if self._queue is not None:
-            self._queue.join()
-        self._raise_pending()
-
-    def close(self) -> None:
-        if self._queue is not None:
-            self._queue.put(None)
-
-    def _serve(self) -> None:
-        while (work := self._queue.get()) is not None:
-            try:
-                work()
-            except BaseException as error:  # surfaced on the next submit/synchronize
-                self._error = error
-            finally:
-                self._queue.task_done()
-        self._queue.task_done()
-
-    def _raise_pending(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise RuntimeError(f"a copy on the {self.name} stream failed") from error
-
-    def __repr__(self) -> str:
-        return f"<CpuStream {self.name}>"
-
-
-class CpuEvent:
-    """A marker in a stream. As in CUDA, an event never recorded counts as complete, and ``wait``
-    waits for the latest ``record`` made before it."""
-
-    def __init__(self, timing: bool = False):
-        self._done = threading.Event()
-        self._done.set()
-        self.timing = timing
-        self.time: float | None = None
-
-    def record(self, stream: CpuStream) -> None:
-        done = self._done = threading.Event()
-
-        def mark():
-            self.time = events.clock()
-            done.set()
-        stream.submit(mark)
-
-    def wait(self, stream: CpuStream) -> None:
-        stream.submit(self._done.wait)
-
-    def synchronize(self) -> None:
-        self._done.wait()
-
-    def query(self) -> bool:
-        return self._done.is_set()
-
-    def elapsed_time(self, end: "CpuEvent") -> float:
-        """Milliseconds from this event to ``end``, both complete and made with ``timing``."""
-        if not (self.timing and end.timing):
-            raise RuntimeError("elapsed_time of an event made without timing (device.event("
-                               "timing=True) makes one that keeps its time)")
-        self.synchronize()
-        end.synchronize()
-        return (end.time - self.time) * 1e3
 
 
 class CpuDevice(Device):
@@ -137,16 +55,21 @@ class CpuDevice(Device):
             raise ValueError(f"copy between {src.shape} {src.dtype} and {dst.shape} {dst.dtype}")
         link = self.link
 
-        def copy():
-            started = events.clock()
-            np.copyto(dst, src, casting="no")
+        def after(started):
             if link is not None:
                 link.hold(started, dst.nbytes)
             if events.listening:   # when the bytes really moved, reported from where they moved
                 events.emit("copy", label, dst.nbytes, direction=direction, start=started,
                             end=events.clock(), stream=self.stream_name(stream))
+
+        def copy():
+            started = events.clock()
+            np.copyto(dst, src, casting="no")
+            after(started)
         if stream is None:
             copy()
+        elif splits(dst, src):
+            stream.submit(SplitCopy(dst, src, after))   # pieces a waiting thread can share
         else:
             stream.submit(copy)
 
@@ -160,7 +83,7 @@ class CpuDevice(Device):
         return np.array(src, copy=True)
 
     def event(self, timing: bool = False) -> CpuEvent:
-        return CpuEvent(timing)
+        return CpuEvent(timing, helped=(self.h2d_stream, self.d2h_stream))
 
     def synchronize(self) -> None:
         # d2h first: the h2d stream may wait for it, never the other way round

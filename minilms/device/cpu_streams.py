@@ -1,0 +1,238 @@
+"""Streams and events of the ``cpu`` device, as CUDA's behave: work on a stream runs in order,
+events order work between streams.
+
+The compute stream runs work at once in the calling thread (kernels are synchronous on the host).
+Each copy stream (``h2d``, ``d2h``) has a thread of its own, and ``numpy.copyto`` releases the
+GIL, so copies each way overlap with compute and with each other.
+
+A waiting compute thread helps. On a GPU the copy engines move the bytes and a stalled host loses
+nothing; here copies take the same cores as the kernels, and while the compute thread waits for a
+copy it would sit idle beside it. So a wait on the compute stream for an event of a copy stream
+(``CpuEvent.wait``) does the streams' work itself: it runs the next item of the event's stream if
+that stream's thread has not started it (``CpuStream.run_next``: still in order, one item at a
+time), and it copies pieces of a large copy under way on either copy stream (``SplitCopy``: a copy
+of more than ``SPLIT`` bytes, up to ``SPLIT_LARGEST``, goes in pieces that any thread may claim,
+and the copy is complete when all are). Two threads copy a large block faster than one where
+memory, not a core, bounds one thread's copy, as on the machines measured (docs/benchmarks.md).
+"""
+import collections
+import threading
+
+import numpy as np
+
+from .. import events
+
+__all__ = ["HELP_WHILE_WAITING", "SPLIT", "SPLIT_LARGEST", "CpuStream", "CpuEvent", "SplitCopy",
+           "splits"]
+
+HELP_WHILE_WAITING = True    # False: a wait only waits and copies go whole (the benchmark's A/B)
+SPLIT = 1 << 20          # bytes: larger copies go in pieces of this size
+# ... but not copies above this: there one memcpy takes the C library's non-temporal path, which
+# pieces do not (measured: 256 MiB at 10.7 GB/s whole, 6.5 GB/s in 1 MiB pieces by one thread)
+SPLIT_LARGEST = 64 << 20
+HELP_WAIT_SECONDS = 2e-4  # between looks for work to help with, while a wait has none
+
+
+def splits(dst: np.ndarray, src: np.ndarray) -> bool:
+    """Whether a copy goes in pieces (``SplitCopy``) rather than whole."""
+    return HELP_WHILE_WAITING and SPLIT < dst.nbytes <= SPLIT_LARGEST and \
+        dst.flags.c_contiguous and src.flags.c_contiguous
+
+
+class SplitCopy:
+    """``dst[...] = src`` (C-contiguous, equal bytes) in pieces of ``SPLIT`` bytes that the stream's
+    thread and a waiting thread share (``help``); as an item of a stream, complete when every
+    piece is, then ``after(started)`` (the link's hold, the trace's event). A piece that fails
+    fails the copy, and the stream reports it as any failed item."""
+
+    def __init__(self, dst: np.ndarray, src: np.ndarray, after):
+        self.dst = dst.reshape(-1).view(np.uint8)
+        self.src = src.reshape(-1).view(np.uint8)
+        self.after = after
+        self.pieces = -(-self.dst.size // SPLIT)
+        self.error: BaseException | None = None
+        self._next = self._done = 0
+        self._lock = threading.Lock()
+        self._all_done = threading.Event()
+
+    def left(self) -> bool:
+        """Whether some piece is still unclaimed."""
+        return self._next < self.pieces
+
+    def _claim(self):
+        with self._lock:
+            if self._next >= self.pieces:
+                return None
+            piece, self._next = self._next, self._next + 1
+            return piece
+
+    def _copy(self, piece: int) -> None:
+        at = piece * SPLIT
+        try:
+            np.copyto(self.dst[at:at + SPLIT], self.src[at:at + SPLIT])
+        except BaseException as error:   # re-raised by the stream's item (__call__)
+            self.error = error
+        finally:
+            with self._lock:
+                self._done += 1
+                if self._done == self.pieces:
+                    self._all_done.set()
+
+    def help(self) -> bool:
+        """Copy unclaimed pieces until none is left; False if there was none."""
+        piece = self._claim()
+        if piece is None:
+            return False
+        while piece is not None:
+            self._copy(piece)
+            piece = self._claim()
+        return True
+
+    def __call__(self) -> None:
+        started = events.clock()
+        self.help()
+        self._all_done.wait()      # pieces other threads claimed
+        if self.error is not None:
+            raise self.error
+        self.after(started)
+
+
+class CpuStream:
+    def __init__(self, name: str, threaded: bool):
+        self.name = name
+        self.threaded = threaded
+        self.running = None          # the item under way (a thread may help a SplitCopy)
+        self._error: BaseException | None = None
+        self._items: collections.deque = collections.deque()
+        self._busy = False           # an item is under way: the next waits for it
+        self._changed = threading.Condition()
+        if threaded:
+            threading.Thread(target=self._serve, name=f"minilms-{name}", daemon=True).start()
+
+    def submit(self, work) -> None:
+        self._raise_pending()
+        if not self.threaded:
+            work()
+            return
+        with self._changed:
+            self._items.append(work)
+            self._changed.notify_all()
+
+    def synchronize(self) -> None:
+        if self.threaded:
+            with self._changed:
+                while self._items or self._busy:
+                    self._changed.wait()
+        self._raise_pending()
+
+    def close(self) -> None:
+        if self.threaded:
+            with self._changed:
+                self._items.append(None)
+                self._changed.notify_all()
+
+    def run_next(self) -> bool:
+        """Run the next item here, in order, if none of this stream's is under way; False if
+        there was none to run."""
+        with self._changed:
+            if self._busy or not self._items or self._items[0] is None:
+                return False
+            work = self._items.popleft()
+            self._busy, self.running = True, work
+            self._changed.notify_all()      # the stream's thread may help with it
+        self._run(work)
+        return True
+
+    def _run(self, work) -> None:
+        try:
+            work()
+        except BaseException as error:  # surfaced on the next submit/synchronize
+            self._error = error
+        finally:
+            with self._changed:
+                self._busy, self.running = False, None
+                self._changed.notify_all()
+
+    def _serve(self) -> None:
+        """The stream's thread: the next item when none is under way, else pieces of the copy
+        that another thread runs."""
+        while True:
+            with self._changed:
+                while True:
+                    running = self.running
+                    if not self._busy and self._items:
+                        work = self._items.popleft()
+                        if work is None:
+                            return
+                        self._busy, self.running, running = True, work, None
+                        break
+                    if self._busy and isinstance(running, SplitCopy) and running.left():
+                        break
+                    self._changed.wait()
+            if running is None:
+                self._run(work)
+            else:
+                running.help()
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"a copy on the {self.name} stream failed") from error
+
+    def __repr__(self) -> str:
+        return f"<CpuStream {self.name}>"
+
+
+class CpuEvent:
+    """A marker in a stream. As in CUDA, an event never recorded counts as complete, and ``wait``
+    waits for the latest ``record`` made before it. ``helped``: the copy streams a wait on the
+    compute stream works for while it waits (the module docstring)."""
+
+    def __init__(self, timing: bool = False, helped: tuple = ()):
+        self._done = threading.Event()
+        self._done.set()
+        self._recorded_on: CpuStream | None = None
+        self.helped = helped
+        self.timing = timing
+        self.time: float | None = None
+
+    def record(self, stream: CpuStream) -> None:
+        done = self._done = threading.Event()
+        self._recorded_on = stream
+
+        def mark():
+            self.time = events.clock()
+            done.set()
+        stream.submit(mark)
+
+    def wait(self, stream: CpuStream) -> None:
+        source = self._recorded_on
+        if stream.threaded or source is None or not source.threaded or not HELP_WHILE_WAITING:
+            stream.submit(self._done.wait)
+            return
+        done = self._done       # the compute stream: wait here, doing the copies' work
+        while not done.is_set():
+            if not (source.run_next() or self._help_a_copy()):
+                done.wait(HELP_WAIT_SECONDS)    # a copy may start that there is help for
+
+    def _help_a_copy(self) -> bool:
+        for stream in self.helped:
+            running = stream.running
+            if isinstance(running, SplitCopy) and running.help():
+                return True
+        return False
+
+    def synchronize(self) -> None:
+        self._done.wait()
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+    def elapsed_time(self, end: "CpuEvent") -> float:
+        """Milliseconds from this event to ``end``, both complete and made with ``timing``."""
+        if not (self.timing and end.timing):
+            raise RuntimeError("elapsed_time of an event made without timing (device.event("
+                               "timing=True) makes one that keeps its time)")
+        self.synchronize()
+        end.synchronize()
+        return (end.time - self.time) * 1e3

@@ -1,0 +1,126 @@
+"""The ``cpu`` device's streams: a compute thread that waits for a copy does the copy streams' work
+(the next item, in order; pieces of a large copy under way), every byte lands, a stream's order
+holds, and a failed piece is reported as a failed copy, with nothing left hanging."""
+import threading
+
+import numpy as np
+import pytest
+
+from minilms.device import cpu_streams, make_device
+from minilms.device.cpu_streams import CpuEvent, CpuStream, SplitCopy
+
+
+def test_a_waiting_compute_thread_copies_pieces_of_a_copy_under_way(monkeypatch):
+    """The copy thread holds its first piece until the waiting (compute) thread has copied one:
+    without the help the wait would time out; with it, both threads copied pieces and every byte
+    is there."""
+    monkeypatch.setattr(cpu_streams, "SPLIT", 1 << 16)
+    began, helped = threading.Event(), threading.Event()
+    by_thread = []
+    real_copy = SplitCopy._copy
+
+    def copy(self, piece):
+        by_thread.append(threading.current_thread().name)
+        if threading.current_thread().name == "minilms-h2d" and not helped.is_set():
+            began.set()
+            assert helped.wait(10), "the waiting thread never helped"
+        real_copy(self, piece)
+        if threading.current_thread() is threading.main_thread():
+            helped.set()
+    monkeypatch.setattr(SplitCopy, "_copy", copy)
+    nbytes = 64 << 16
+    with make_device("cpu", nbytes) as device:
+        view = device.view(device.pool.allocate(nbytes, "x"), (nbytes // 4,), np.float32)
+        host = np.arange(nbytes // 4, dtype=np.float32)
+        device.h2d(view, host, stream=device.h2d_stream)
+        assert began.wait(10)              # the copy is under way on its own thread
+        arrived = device.event()
+        arrived.record(device.h2d_stream)
+        arrived.wait(device.compute_stream)
+        assert arrived.query()
+        np.testing.assert_array_equal(view, host)
+    assert len(by_thread) == 64
+    assert {"minilms-h2d", threading.main_thread().name} <= set(by_thread)
+
+
+def test_a_waiting_thread_runs_the_queued_items_itself_in_order(monkeypatch):
+    """A copy stream whose thread never runs: the wait alone takes its items, one after another,
+    so the later copy into the same place wins and the event after both completes."""
+    monkeypatch.setattr(cpu_streams, "SPLIT", 256)
+    with monkeypatch.context() as unstarted:
+        unstarted.setattr(cpu_streams.threading.Thread, "start", lambda thread: None)
+        idle = CpuStream("h2d", threaded=True)
+    compute = CpuStream("compute", threaded=False)
+    dst = np.zeros(1000, np.float32)
+    first, second = np.full(1000, 1, np.float32), np.full(1000, 2, np.float32)
+    landed = []
+    idle.submit(SplitCopy(dst, first, lambda started: landed.append(1)))     # in pieces
+    idle.submit(lambda: np.copyto(dst, second))                               # whole
+    done = CpuEvent(helped=(idle,))
+    done.record(idle)
+    assert not done.query()
+    waiting = threading.Thread(target=done.wait, args=(compute,), daemon=True)
+    waiting.start()
+    waiting.join(10)                      # a wait that does not run the items would hang
+    assert done.query() and landed == [1]
+    np.testing.assert_array_equal(dst, second)
+
+
+def test_without_help_a_wait_only_waits(monkeypatch):
+    """``HELP_WHILE_WAITING`` off (the benchmark's baseline): copies go whole and a wait does
+    none of the copy streams' work."""
+    monkeypatch.setattr(cpu_streams, "HELP_WHILE_WAITING", False)
+    monkeypatch.setattr(cpu_streams, "SPLIT", 1 << 10)
+    pieces = []
+    monkeypatch.setattr(SplitCopy, "_copy", lambda self, piece: pieces.append(piece))
+    nbytes = 1 << 16
+    with make_device("cpu", nbytes) as device:
+        view = device.view(device.pool.allocate(nbytes, "x"), (nbytes,), np.uint8)
+        device.h2d(view, np.ones(nbytes, np.uint8), stream=device.h2d_stream)
+        arrived = device.event()
+        arrived.record(device.h2d_stream)
+        arrived.wait(device.compute_stream)
+        assert pieces == [] and view.min() == 1
+
+
+def test_a_failed_piece_fails_its_copy_and_nothing_hangs(monkeypatch):
+    monkeypatch.setattr(cpu_streams, "SPLIT", 1 << 10)
+    real_copyto = np.copyto
+    calls = []
+
+    class Numpy:                       # the module's numpy, with its fifth piece failing
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def copyto(dst, src):
+            calls.append(1)
+            if len(calls) == 5:
+                raise MemoryError("a planted failure")
+            real_copyto(dst, src)
+    monkeypatch.setattr(cpu_streams, "np", Numpy())
+    nbytes = 1 << 14
+    with make_device("cpu", nbytes) as device:
+        view = device.view(device.pool.allocate(nbytes, "x"), (nbytes,), np.uint8)
+        device.h2d(view, np.ones(nbytes, np.uint8), stream=device.h2d_stream)
+        with pytest.raises(RuntimeError, match="h2d stream failed"):
+            device.synchronize()
+        assert len(calls) == 16            # every piece was tried: the copy waited for them all
+        device.h2d(view, np.full(nbytes, 3, np.uint8), stream=device.h2d_stream)
+        device.synchronize()              # the stream still works
+        assert view.min() == 3
+
+
+def test_which_copies_go_in_pieces(monkeypatch):
+    """Above ``SPLIT`` and up to ``SPLIT_LARGEST`` (beyond it one memcpy is faster), contiguous,
+    and only while waits help."""
+    monkeypatch.setattr(cpu_streams, "SPLIT", 16)
+    monkeypatch.setattr(cpu_streams, "SPLIT_LARGEST", 64)
+    a, b = np.zeros(32, np.uint8), np.ones(32, np.uint8)
+    assert cpu_streams.splits(a, b)
+    assert not cpu_streams.splits(a[:16], b[:16])                      # small: whole
+    assert not cpu_streams.splits(np.zeros(65, np.uint8), np.ones(65, np.uint8))   # large
+    grid = np.zeros((8, 8), np.uint8)
+    assert not cpu_streams.splits(grid[:, :5], np.ones((8, 5), np.uint8))   # not contiguous
+    monkeypatch.setattr(cpu_streams, "HELP_WHILE_WAITING", False)
+    assert not cpu_streams.splits(a, b)
