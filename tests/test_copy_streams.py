@@ -106,12 +106,17 @@ def solver():
     return SGD(0.05, momentum=0.9)
 
 
+def lms_off_and_least_pool():
+    """The DAG's two batches, LMS off's loss and weights after two iterations, its least pool."""
+    batches = [batch(2, 2, 6, 3, seed=s) for s in (0, 1)]
+    net = make_net(DAG, batches[0])
+    return (batches, reference(DAG, batches, solver, iterations=2),
+            least_pool(net, net.schedule(("momentum",)), Policy(prefetch=2)))
+
+
 def test_slow_swap_outs_still_give_the_weights_of_lms_off():
     layers = DAG
-    batches = [batch(2, 2, 6, 3, seed=s) for s in (0, 1)]
-    expected = reference(layers, batches, solver, iterations=2)
-    net = make_net(layers, batches[0])
-    capacity = least_pool(net, net.schedule(("momentum",)), Policy(prefetch=2))
+    batches, expected, capacity = lms_off_and_least_pool()
     waits, got = run_lms(layers, batches, solver, capacity)
     assert waits > 0               # the plan has loads into space or homes of swap-outs
     assert_identical(got, expected)
@@ -134,11 +139,7 @@ def test_copies_in_pieces_that_a_waiting_thread_shares_give_the_weights_of_lms_o
         real_init(self, *args)
         split.append(self.pieces)
     monkeypatch.setattr(cpu_streams.SplitCopy, "__init__", counted)
-    layers = DAG
-    batches = [batch(2, 2, 6, 3, seed=s) for s in (0, 1)]
-    expected = reference(layers, batches, solver, iterations=2)
-    net = make_net(layers, batches[0])
-    capacity = least_pool(net, net.schedule(("momentum",)), Policy(prefetch=2))
-    _, got = run_lms(layers, batches, solver, capacity)
+    batches, expected, capacity = lms_off_and_least_pool()
+    _, got = run_lms(DAG, batches, solver, capacity)
     assert len(split) > 10 and max(split) > 1
     assert_identical(got, expected)

@@ -23,6 +23,14 @@ from .direct.vector_ir import VL
 __all__ = ["max_pool_forward_rows_cpu", "max_pool_forward_stride2_cpu", "stride2_rows_pay"]
 
 
+@njit(inline="always", cache=True)
+def _window_starts(src, best, where, h0, stride, pw, width):
+    """Each output of the row starts from its window's first element (row ``h0``)."""
+    for ow in range(best.size):
+        w0 = max(ow * stride - pw, 0)
+        best[ow], where[ow] = src[h0, w0], h0 * width + w0
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def max_pool_forward_rows_cpu(x, y, argmax, geom):
     """``pooling.max_pool_forward_cpu`` for a horizontal stride of 1."""
@@ -35,9 +43,7 @@ def max_pool_forward_rows_cpu(x, y, argmax, geom):
         for oh in range(ho):
             h0 = max(oh * sh - ph, 0)
             b, a = best[oh], where[oh]
-            for ow in range(wo):                 # the window's first element
-                w0 = max(ow - pw, 0)
-                b[ow], a[ow] = src[h0, w0], h0 * width + w0
+            _window_starts(src, b, a, h0, 1, pw, width)
             for i in range(kh):
                 h = oh * sh - ph + i
                 if h < 0 or h >= height:
@@ -80,9 +86,7 @@ def max_pool_forward_stride2_cpu(x, y, argmax, geom):
         for oh in range(ho):
             h0 = max(oh * sh - ph, 0)
             b, a = best[oh], where[oh]
-            for ow in range(wo):                 # the window's first element
-                w0 = max(2 * ow - pw, 0)
-                b[ow], a[ow] = src[h0, w0], h0 * width + w0
+            _window_starts(src, b, a, h0, 2, pw, width)
             for i in range(kh):
                 h = oh * sh - ph + i
                 if h < 0 or h >= height:
