@@ -10,8 +10,7 @@ channels, ``Kt = C * kh * kw`` col rows (``Kg = Kt / G`` per group, a group's ro
 ``P = out_h * out_w``.
 
 Forward: ``col[k, Kt, P]`` (sample-major), then ``top[n, g] = weight_g @ col[n, rows of g]`` as one
-broadcast matmul straight into the NCHW output (no staging), then ``top += bias``. A short plane
-(``SHORT_PLANE``) lays the columns side by side, as the backward does, for one GEMM per chunk.
+broadcast matmul straight into the NCHW output (no staging), then ``top += bias``.
 
 Backward: the sums over samples are GEMMs with a long inner dimension when the chunk's columns
 are side by side: ``col[Kt, k * P]`` (column ``n * P + p``) and ``dyT[O, k * P]`` (``dy`` of the
@@ -29,7 +28,6 @@ import numpy as np
 from numba import prange
 
 from .blas_threads import matmul
-from .direct.pointwise import apart
 from .gemm import gemm
 from .im2col import PARALLEL_MIN, source_index
 from .registry import cpu_variant
@@ -150,23 +148,13 @@ def col2im_batch(col, x, kernel_size, stride, padding, dilation):
     return x
 
 
-# Output planes shorter than this (ResNet's 7x7) make a poor GEMM of one sample's columns: there
-# the forward multiplies a chunk's columns side by side, as the backward does, and deals the
-# product back to the samples (measured: docs/benchmarks.md).
-SHORT_PLANE = 100
-
-
 def conv_forward(x, weight, bias, y, work, chunk, geometry):
     """``y = conv(x, weight) + bias`` in chunks of ``chunk`` samples through ``work`` (flat, at
-    least ``chunk * Kt * P`` elements; with ``chunk * (Kt + O) * P``, as the backward needs, a
-    short plane's chunk is one GEMM). ``weight [O, Cg, kh, kw]``, ``bias [O]`` or None."""
+    least ``chunk * Kt * P`` elements). ``weight [O, Cg, kh, kw]``, ``bias [O]`` or None."""
     n_samples, out, groups = x.shape[0], weight.shape[0], x.shape[1] // weight.shape[1]
     k_group = weight[0].size
     plane = y.shape[2] * y.shape[3]
     w = weight.reshape(groups, out // groups, k_group)
-    if groups == 1 and plane < SHORT_PLANE and work.size >= chunk * (k_group + out) * plane:
-        _forward_side_by_side(x, w[0], bias, y, work, chunk, geometry)
-        return
     for n0 in range(0, n_samples, chunk):
         n1 = min(n_samples, n0 + chunk)
         col = work[:(n1 - n0) * groups * k_group * plane].reshape(n1 - n0, groups * k_group, plane)
@@ -174,24 +162,6 @@ def conv_forward(x, weight, bias, y, work, chunk, geometry):
         top = y[n0:n1].reshape(n1 - n0, groups, out // groups, plane)
         for g in range(groups):
             matmul(w[g], col[:, g * k_group:(g + 1) * k_group], out=top[:, g])
-        if bias is not None:
-            y[n0:n1] += bias.reshape(1, out, 1, 1)
-
-
-def _forward_side_by_side(x, w, bias, y, work, chunk, geometry):
-    """``conv_forward`` for one group, the chunk's columns side by side: ``col [Kt, k * P]``,
-    ``y_t = w @ col [O, k * P]`` (one GEMM of ``k * P`` columns), then ``y_t`` dealt back to
-    the samples. ``col`` and ``y_t`` lie where the backward keeps ``col`` and ``dyT``."""
-    n_samples, out, plane = y.shape[0], y.shape[1], y.shape[2] * y.shape[3]
-    rows = w.shape[1]
-    for n0 in range(0, n_samples, chunk):
-        n1 = min(n_samples, n0 + chunk)
-        width = (n1 - n0) * plane
-        col = work[:rows * width].reshape(rows, width)
-        y_t = work[rows * chunk * plane:][:out * width].reshape(out, width)
-        im2col_batch(x[n0:n1], col, *geometry)
-        matmul(w, col, out=y_t)
-        apart(y_t, y[n0:n1].reshape(n1 - n0, out, plane))
         if bias is not None:
             y[n0:n1] += bias.reshape(1, out, 1, 1)
 

@@ -281,30 +281,6 @@ def test_chunked_path_equals_per_sample_path(options):
             np.testing.assert_allclose(got[2][key], expected[2][key], rtol=1e-12, atol=1e-12)
 
 
-def test_short_plane_forward_multiplies_a_chunk_side_by_side(monkeypatch):
-    """cpu: on an output plane shorter than ``conv_cpu.SHORT_PLANE`` (a 7x7 one), a chunk's
-    columns go side by side into one GEMM whose product is dealt back to the samples: the naive
-    loops' output, bias included, the last chunk short; a longer plane keeps a GEMM per sample."""
-    from minilms.kernels import conv_cpu
-    rng = np.random.default_rng(11)
-    x, weight = rng.standard_normal((5, 6, 7, 7)), rng.standard_normal((8, 6, 3, 3))
-    bias = rng.standard_normal(8)
-    geometry = ((3, 3), (1, 1), (1, 1), (1, 1))
-    dealt = []
-    real_apart = conv_cpu.apart
-    monkeypatch.setattr(conv_cpu, "apart", lambda src, dst: (dealt.append(dst.shape[0]),
-                                                            real_apart(src, dst)))
-    y = np.empty((5, 8, 7, 7))
-    work = np.empty(2 * (6 * 9 + 8) * 49)                 # chunks of 2: col and y_t side by side
-    conv_cpu.conv_forward(x, weight, bias, y, work, 2, geometry)
-    assert dealt == [2, 2, 1]
-    np.testing.assert_allclose(y, naive_conv(x, weight, bias, pad=1), rtol=1e-12, atol=1e-12)
-    monkeypatch.setattr(conv_cpu, "SHORT_PLANE", 49)       # 7x7 is no longer short
-    conv_cpu.conv_forward(x, weight, bias, y, work, 2, geometry)
-    assert dealt == [2, 2, 1]
-    np.testing.assert_allclose(y, naive_conv(x, weight, bias, pad=1), rtol=1e-12, atol=1e-12)
-
-
 @pytest.mark.cuda
 def test_cuda_matches_cpu():
     """Variants' forward and backward, on cuda and on cpu, float32: the same numbers. One sample
