@@ -1,11 +1,11 @@
 """The 1x1 convolution engine (``kernels.direct.pointwise``) against a float64 einsum: forward,
-input gradient, weight and bias gradients, at stride 1 and 2, with very short, short and long
-planes (the ways its GEMMs run: side by side or per sample) and chunks smaller than the batch;
-and the layer's ``auto`` engine takes it for 1x1 convolutions."""
+input gradient, weight and bias gradients, at stride 1 and 2, with short and long planes (the
+ways dW's GEMMs run: side by side or per sample) and chunks smaller than the batch; a sample's
+outputs whatever the chunking; and the layer's ``auto`` engine takes it for 1x1 convolutions."""
 import numpy as np
 import pytest
 
-from minilms.kernels import conv_cpu
+from minilms.kernels import blas_threads, conv_cpu
 from minilms.kernels.direct import pointwise
 from minilms.layers.convolution import Convolution
 from minilms.layers.run import LayerRun
@@ -41,12 +41,7 @@ CASES = [  # samples, channels, outputs, height, width, stride, chunk
 
 @pytest.mark.parametrize("n, c, o, h, w, stride, chunk", CASES)
 @pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("small_products", ["batched", "side by side"])
-def test_pointwise_equals_the_definition(n, c, o, h, w, stride, chunk, with_bias, small_products,
-                                         monkeypatch):
-    """Either way a short plane's forward and input gradient may run: the tests' products are
-    small, and ``MIN_FLOPS`` is set so that they take the way named."""
-    monkeypatch.setattr(pointwise, "MIN_FLOPS", 0 if small_products == "side by side" else np.inf)
+def test_pointwise_equals_the_definition(n, c, o, h, w, stride, chunk, with_bias):
     rng = np.random.default_rng(n * 100 + c)
     out_h, out_w = (h - 1) // stride + 1, (w - 1) // stride + 1
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
@@ -70,6 +65,35 @@ def test_pointwise_equals_the_definition(n, c, o, h, w, stride, chunk, with_bias
     np.testing.assert_allclose(dw, want_dw, rtol=1e-5, atol=1e-5 * np.sqrt(n * out_h * out_w))
     if with_bias:
         np.testing.assert_allclose(db, want_db, rtol=1e-5, atol=1e-5 * np.sqrt(n * out_h * out_w))
+
+
+@pytest.mark.parametrize("c, o, h, stride", [(2048, 512, 7, 1), (512, 2048, 7, 1),
+                                           (1024, 2048, 14, 2)])     # ResNet-50's res5
+def test_a_samples_forward_and_input_gradient_do_not_depend_on_the_chunking(c, o, h, stride):
+    """A step split along the batch must give the unsplit step's sample-wise outputs bit for bit
+    (issue 20), at products large enough that ``blas_threads`` deals them out (above its
+    ``MIN_FLOPS``; a 7x7 plane once went side by side into one GEMM whose bits changed with the
+    number of samples: 79% of ResNet-50's res5 forwards at chunks of 2)."""
+    rng = np.random.default_rng(c + o)
+    out_h = (h - 1) // stride + 1
+    x = rng.standard_normal((8, c, h, h)).astype(np.float32)
+    weight = rng.standard_normal((o, c, 1, 1)).astype(np.float32)
+    dy = rng.standard_normal((8, o, out_h, out_h)).astype(np.float32)
+    geometry = ((1, 1), (stride, stride), (0, 0), (1, 1))
+    assert 2.0 * o * c * out_h * out_h >= blas_threads.MIN_FLOPS      # even one sample's
+    work = np.empty(pointwise.workspace_elements(x.shape, o, out_h * out_h, 8, stride > 1),
+                    np.float32)
+    y, dx = np.empty_like(dy), np.empty_like(x)
+    pointwise.forward(x, weight, None, y, work, 8, geometry)
+    pointwise.input_grad(dy, weight, dx, work, 8, geometry)
+    for k in (1, 2, 3):
+        y_k, dx_k = np.empty_like(y), np.empty_like(dx)
+        for n0 in range(0, 8, k):
+            n1 = min(8, n0 + k)
+            pointwise.forward(x[n0:n1], weight, None, y_k[n0:n1], work, k, geometry)
+            pointwise.input_grad(dy[n0:n1], weight, dx_k[n0:n1], work, k, geometry)
+        np.testing.assert_array_equal(y_k, y, err_msg=f"forward, chunks of {k}")
+        np.testing.assert_array_equal(dx_k, dx, err_msg=f"input gradient, chunks of {k}")
 
 
 def test_padding_or_a_larger_kernel_is_not_pointwise():

@@ -7,9 +7,6 @@ weight as ``W [O, C]``::
     y[n]  = W @ x[n] (+ bias)             one batched matmul, written straight into y
     dx[n] = W^T @ dy[n]                   one batched matmul (strided: into the sub-grid,
                                           zeros elsewhere)
-                                          where P is very short (a 7x7 plane), each one GEMM
-                                          over a chunk's columns side by side, then dealt
-                                          back to the samples (``apart``)
     dW    = sum over n of dy[n] @ x[n]^T  a batched call of one product per core (dealt out
                                           by samples, each whole on one thread), added in
                                           sample order; where a sample's P is short, one
@@ -27,22 +24,19 @@ to float32 rounding (the tests compare them).
 import numba
 from numba import njit, prange
 
-from ..blas_threads import MIN_FLOPS, matmul
+from ..blas_threads import matmul
 from .weight_grad import bias_grad
 
 __all__ = ["applies", "workspace_elements", "forward", "input_grad", "weight_grad"]
 
 # A sample's columns per GEMM below which dW's GEMMs run over a chunk's columns side by side:
-# a GEMM with a short inner dimension is far from the machine's rate (docs/benchmarks.md).
+# a GEMM with a short inner dimension is far from the machine's rate (docs/benchmarks.md). Only
+# dW, a sum over the samples (regrouped when a step is split): the forward and the input gradient
+# are a sample's own, and must not depend on how many samples share a call. One GEMM over several
+# samples' columns does (BLAS picks its kernel by the width): session 32 ran the 7x7 planes'
+# forward and input gradient so, and a step split into chunks of 1-2 samples then gave other bits
+# (tests/kernels/test_conv_pointwise.py checks it above ``blas_threads.MIN_FLOPS``).
 SHORT_PLANE = 256
-# Likewise for the forward and the input gradient, whose GEMMs' short dimension is their output's
-# width: below it the copies side by side and back cost less than they gain (measured), where the
-# product is large enough (``MIN_FLOPS``) for them to be worth two more parallel loops at all.
-VERY_SHORT_PLANE = 100
-
-
-def _side_by_side_pays(samples: int, rows: int, inner: int, plane: int) -> bool:
-    return plane < VERY_SHORT_PLANE and 2.0 * samples * rows * inner * plane >= MIN_FLOPS
 
 
 def applies(weight_shape, geometry) -> bool:
@@ -81,18 +75,10 @@ def forward(x, weight, bias, y, work, chunk, geometry) -> None:
     samples, out = y.shape[0], y.shape[1]
     w = weight.reshape(out, -1)
     y3 = y.reshape(samples, out, -1)
-    if _side_by_side_pays(samples, out, x.shape[1], y3.shape[2]):
-        for n0 in range(0, samples, chunk):
-            n1 = min(samples, n0 + chunk)
-            x_t, y_t = _columns(work, chunk, x.shape[1], out, n1 - n0, y3.shape[2])
-            _gather_side_by_side(x, x_t, geometry, n0, n1)
-            matmul(w, x_t, out=y_t)
-            apart(y_t, y3[n0:n1])
-    else:
-        step = samples if not _strided(geometry) else chunk
-        for n0 in range(0, samples, step):
-            n1 = min(samples, n0 + step)
-            matmul(w, _gather(x, work, geometry, n0, n1), out=y3[n0:n1])
+    step = samples if not _strided(geometry) else chunk
+    for n0 in range(0, samples, step):
+        n1 = min(samples, n0 + step)
+        matmul(w, _gather(x, work, geometry, n0, n1), out=y3[n0:n1])
     if bias is not None:
         y += bias.reshape(1, out, 1, 1)
 
@@ -103,20 +89,6 @@ def input_grad(dy, weight, dx, work, chunk, geometry) -> None:
     wt = weight.reshape(out, channels).T
     dy3 = dy.reshape(samples, out, -1)
     (sh, sw), (out_h, out_w) = geometry[1], dy.shape[2:]
-    if _side_by_side_pays(samples, channels, out, dy3.shape[2]):
-        if _strided(geometry):
-            dx[...] = 0
-        for n0 in range(0, samples, chunk):
-            n1 = min(samples, n0 + chunk)
-            dx_t, dy_t = _columns(work, chunk, channels, out, n1 - n0, dy3.shape[2])
-            side_by_side(dy3[n0:n1], dy_t)
-            matmul(wt, dy_t, out=dx_t)
-            if _strided(geometry):
-                dx[n0:n1, :, :out_h * sh:sh, :out_w * sw:sw] = \
-                    dx_t.reshape(channels, n1 - n0, out_h, out_w).transpose(1, 0, 2, 3)
-            else:
-                apart(dx_t, dx[n0:n1].reshape(n1 - n0, channels, -1))
-        return
     if not _strided(geometry):
         matmul(wt, dy3, out=dx.reshape(samples, channels, -1))
         return
@@ -196,18 +168,5 @@ def side_by_side(src, dst):
         r, n = task // samples, task % samples
         out = dst[r, n * plane:(n + 1) * plane]
         row = src[n, r]
-        for p in range(plane):
-            out[p] = row[p]
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def apart(src, dst):
-    """``side_by_side`` undone: ``dst[n, r, p] = src[r, n * P + p]`` for ``src [R, k * P]`` and
-    ``dst [k, R, P]``."""
-    samples, rows, plane = dst.shape
-    for task in prange(rows * samples):
-        r, n = task // samples, task % samples
-        row = src[r, n * plane:(n + 1) * plane]
-        out = dst[n, r]
         for p in range(plane):
             out[p] = row[p]
