@@ -28,7 +28,7 @@ __all__ = ["HELP_WHILE_WAITING", "SPLIT", "SPLIT_LARGEST", "CpuStream", "CpuEven
 HELP_WHILE_WAITING = True    # False: a wait only waits and copies go whole (the benchmark's A/B)
 SPLIT = 1 << 20          # bytes: larger copies go in pieces of this size
 # ... but not copies above this: there one memcpy takes the C library's non-temporal path, which
-# pieces do not (measured: 256 MiB at 10.7 GB/s whole, 6.5 GB/s in 1 MiB pieces by one thread)
+# pieces do not, and is faster whole (docs/benchmarks.md, session 34)
 SPLIT_LARGEST = 64 << 20
 HELP_WAIT_SECONDS = 2e-4  # between looks for work to help with, while a wait has none
 

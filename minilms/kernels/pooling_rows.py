@@ -10,10 +10,10 @@ first, with ``max_at``'s rule (a greater value or a NaN replaces): the same valu
 for bit (tests/kernels/test_pooling.py).
 
 Why two kernels and not one with the stride as an argument: LLVM vectorises the strided loads
-only with the stride a constant (measured: a runtime stride ran no faster than the per-output
-kernel). The stride-2 kernel's inner loop, over the outputs whose windows lie inside the row,
-indexes with unsigned integers: a signed index keeps numba's negative-index wrap-around, whose
-select stopped the vectoriser too (measured 3x slower). Numbers: docs/benchmarks.md.
+only with the stride a constant (a runtime stride ran no faster than the per-output kernel). The
+stride-2 kernel's inner loop, over the outputs whose windows lie inside the row, indexes with
+unsigned integers: a signed index keeps numba's negative-index wrap-around, whose select stopped
+the vectoriser too. The measurements: docs/benchmarks.md, session 34.
 """
 import numpy as np
 from numba import njit, prange
@@ -68,7 +68,7 @@ def interior(width, out_w, kw, pw):
 
 def stride2_rows_pay(width: int, out_w: int, kw: int, pw: int) -> bool:
     """Whether the stride-2 kernel beats the per-output one: where a row's interior fills a
-    vector at least (measured: 14 interior outputs of 16 lanes ran 0.6x, 16 ran 2.2x)."""
+    vector at least (shorter interiors ran slower: docs/benchmarks.md, session 34)."""
     inner, outer = interior(width, out_w, kw, pw)
     return outer - inner >= VL
 
