@@ -29,6 +29,7 @@ from functools import cached_property
 import numpy as np
 
 from .errors import ConfigError, did_you_mean
+from .fusion import fuse_relu
 from .layers import LAYERS, Layer, ShapeError
 
 RESERVED_KEYS = ("name", "type", "bottom", "top")
@@ -122,12 +123,14 @@ class Net:
     """``Net(layer_specs, inputs)``: ``inputs`` maps each input blob to ``(shape, dtype)``."""
 
     def __init__(self, layer_specs: list[dict], inputs: dict, where: str = "model.layers",
-                 listed: bool = True, device_kind: str | None = None):
+                 listed: bool = True, device_kind: str | None = None, fuse: bool = False):
         """``where`` names the layers in errors: the config key of their list (``model.layers``),
         or, with ``listed=False``, what made them when the config does not list them (a zoo
         model's: ``model.zoo (lenet)``). ``device_kind``: the device the net will run on
-        (``Layer.setup``), or None for a net that may run on either (workspace for both)."""
-        self.device_kind = device_kind
+        (``Layer.setup``), or None for a net that may run on either (workspace for both).
+        ``fuse``: in-place ReLUs folded into the layer before them (``minilms.fusion``), after
+        the layers are checked as written; ``fused`` maps each folded ReLU to its layer."""
+        self.device_kind, self.fuse = device_kind, fuse
         self.specs, self.where, self.listed = layer_specs, where, listed
         self.inputs = {name: (tuple(shape), np.dtype(dtype))
                        for name, (shape, dtype) in inputs.items()}
@@ -143,7 +146,11 @@ class Net:
         for i, name in enumerate(names):
             if names.index(name) != i:
                 raise ConfigError(f"{where}[{i}].name", "a layer name used once", name)
+        self._position = {name: i for i, name in enumerate(names)}
         self.layers = self._ordered(built)
+        self.fused: dict = {}
+        if fuse:
+            self.layers, self.fused = fuse_relu(self.layers)
         self.layer = {layer.name: layer for layer in self.layers}
         self.blobs: dict[str, BlobInfo] = {
             name: BlobInfo(name, shape, dtype, "input")
@@ -173,6 +180,7 @@ class Net:
         """Layer ``index`` as errors name it: by its place in the config's list and its name
         (``model.layers[3] (conv2)``: the index finds the line, the name the layer), or, for
         layers the config does not list, by name (``model.zoo (lenet): layer conv2``)."""
+        index = getattr(self, "_position", {}).get(name, index)   # the list's, fused or not
         return f"{self.where}[{index}] ({name})" if self.listed else f"{self.where}: layer {name}"
 
     def _config_error(self, error: ShapeError, index: int, name, kind: str) -> ConfigError:
@@ -194,7 +202,7 @@ class Net:
     def with_inputs(self, inputs: dict) -> "Net":
         """The same layers for other input shapes (a smaller last batch): a net of its own, since
         layers size their buffers and workspace at set-up."""
-        return Net(self.specs, inputs, self.where, self.listed, self.device_kind)
+        return Net(self.specs, inputs, self.where, self.listed, self.device_kind, self.fuse)
 
     # -- structure -------------------------------------------------------------------------------
     def _ordered(self, layers: list[Layer]) -> list[Layer]:

@@ -47,10 +47,11 @@ def build_net(config, batch: int | None = None) -> Net:
     ``model.zoo`` (``model.zoo (lenet): layer conv2: ...``), which ``config_error_line`` locates."""
     layers, shapes = model_layers(config, num_classes(config)), input_shapes(config, batch)
     kind = device_kind(config)
+    fuse = config.model.fuse
     if config.model.layers is not None:
-        return Net(layers, shapes, where="model.layers", device_kind=kind)
+        return Net(layers, shapes, where="model.layers", device_kind=kind, fuse=fuse)
     return Net(layers, shapes, where=f"model.zoo ({config.model.zoo})", listed=False,
-               device_kind=kind)
+               device_kind=kind, fuse=fuse)
 
 
 def lms_policy(config) -> Policy:

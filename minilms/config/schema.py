@@ -208,7 +208,9 @@ SCHEMA = Section(
     model=Section(
         """The network: exactly one of ``zoo`` (a built-in model, with ``options``) or ``layers``
         (Caffe-style layer mappings, kept as written; the net builder checks their options).
-        ``options.num_classes`` null means the dataset's; ``width`` divides every channel count.""",
+        ``options.num_classes`` null means the dataset's; ``width`` divides every channel count.
+        ``fuse``: each in-place ReLU runs in the pass of the layer before it where that layer can
+        take it (a residual add's: ``minilms.fusion``), the same numbers in fewer passes.""",
         zoo=Field(nullable(choice(*ZOO_MODELS)), None),
         options=Section(
             """Arguments of the zoo model: how many classes it tells apart, its width divisor.""",
@@ -216,6 +218,7 @@ SCHEMA = Section(
             width=Field(integer(1), 1),
         ),
         layers=Field(nullable(LAYERS), None),
+        fuse=Field(BOOL, True),
     ),
     data=Section(
         f"""The dataset and how batches are made. ``root`` is where files are (required for

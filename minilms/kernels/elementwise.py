@@ -1,5 +1,7 @@
 """Elementwise kernels: ReLU, axpby / weighted sums, scale, fill, dropout, accumulate, and the
-copy of a slice of channels (``slice_copy``: Concat's parts, Convolution's bands).
+copy of a slice of channels (``slice_copy``: Concat's parts, Convolution's bands). Two of them fuse
+a ReLU into the pass before or after it (an Eltwise with ``relu: true``): ``axpby_relu`` and
+``relu_backward_scale``, each bit for bit the two kernels it replaces, one pass over memory fewer.
 
 Every launcher works on C-contiguous arrays of any shape (they are viewed flat) and of float32 or
 float64; scalars are cast to the array's dtype before the call, so float32 data is never computed
@@ -12,7 +14,8 @@ from numba import cuda, njit, prange
 from .common import flat, grid_1d, launch, view
 from .registry import cuda_kernel, on_cpu
 
-__all__ = ["relu_forward", "relu_backward", "axpby", "eltwise_sum", "scale", "fill",
+__all__ = ["relu_forward", "relu_backward", "axpby", "axpby_relu", "eltwise_sum", "scale",
+           "relu_backward_scale", "fill",
            "dropout_mask", "dropout_forward", "dropout_backward", "accumulate", "slice_copy"]
 
 _F1 = ("float32[::1]", "float64[::1]")
@@ -109,10 +112,42 @@ def axpby(a, x, b, y, out, stream=None):
         launch(axpby_cuda, *grid_1d(x.size), stream)(t(a), x, t(b), y, out)
 
 
-def eltwise_sum(xs, out, coeffs=None, stream=None):
+@cuda_kernel(*_sigs("void(S, A, S, A, A)"))
+def axpby_relu_cuda(a, x, b, y, out):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        v = a * x[i] + b * y[i]          # axpby's expression, then relu_forward's branch
+        if v <= 0:
+            out[i] = 0
+        else:
+            out[i] = v
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def axpby_relu_cpu(a, x, b, y, out):
+    for i in prange(x.size):
+        v = a * x[i] + b * y[i]
+        if v <= 0:
+            out[i] = 0
+        else:
+            out[i] = v
+
+
+def axpby_relu(a, x, b, y, out, stream=None):
+    """``out = max(a*x + b*y, 0)`` (NaN stays NaN): ``axpby`` then ``relu_forward``, bit for bit,
+    in one pass. ``out`` may be ``x`` or ``y``."""
+    x, y, out = flat(x, y, out)
+    t = x.dtype.type
+    if on_cpu(x):
+        axpby_relu_cpu(t(a), x, t(b), y, out)
+    else:
+        launch(axpby_relu_cuda, *grid_1d(x.size), stream)(t(a), x, t(b), y, out)
+
+
+def eltwise_sum(xs, out, coeffs=None, stream=None, relu=False):
     """``out = sum_i coeffs[i] * xs[i]`` (coefficients default to 1), as a chain of ``axpby``:
     ``((c0*x0 + c1*x1) + c2*x2) + ...``, a fixed order, so the result is deterministic.
-    ``out`` may be ``xs[0]`` or ``xs[1]`` but no later input (it is overwritten first)."""
+    ``out`` may be ``xs[0]`` or ``xs[1]`` but no later input (it is overwritten first).
+    ``relu``: ``max(sum, 0)``, fused into the chain's last pass."""
     if not xs:
         raise ValueError("eltwise_sum needs at least one input")
     coeffs = [1.0] * len(xs) if coeffs is None else list(coeffs)
@@ -120,10 +155,14 @@ def eltwise_sum(xs, out, coeffs=None, stream=None):
         raise ValueError(f"{len(xs)} inputs but {len(coeffs)} coefficients")
     if len(xs) == 1:
         scale(xs[0], coeffs[0], out, stream)
+        if relu:
+            relu_forward(out, out, stream)
         return
-    axpby(coeffs[0], xs[0], coeffs[1], xs[1], out, stream)
-    for x, c in zip(xs[2:], coeffs[2:]):
-        axpby(1.0, out, c, x, out, stream)
+    last = len(xs) - 2                    # the index of the last axpby of the chain
+    (axpby_relu if relu and last == 0 else axpby)(coeffs[0], xs[0], coeffs[1], xs[1], out,
+                                                  stream)
+    for k, (x, c) in enumerate(zip(xs[2:], coeffs[2:]), 1):
+        (axpby_relu if relu and k == last else axpby)(1.0, out, c, x, out, stream)
 
 
 @cuda_kernel(*_sigs("void(A, S, A)"))
@@ -145,6 +184,49 @@ def scale(x, alpha, out, stream=None):
         scale_cpu(x, x.dtype.type(alpha), out)
     else:
         launch(scale_cuda, *grid_1d(x.size), stream)(x, x.dtype.type(alpha), out)
+
+
+@cuda_kernel(*_sigs("void(A, A, S, A, S, A)"))
+def relu_backward_scale_cuda(y, dy, a, out_a, b, out_b):
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        g = dy[i]
+        if y[i] <= 0:                    # relu_backward's branch, then scale's product
+            g = dy.dtype.type(0)
+        out_a[i] = a * g
+        if out_b.size:
+            out_b[i] = b * g
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def relu_backward_scale_cpu(y, dy, a, out_a, b, out_b):
+    zero = dy.dtype.type(0)
+    if out_b.size:
+        for i in prange(y.size):
+            g = dy[i]
+            if y[i] <= 0:                # NaN passes dy, as relu_backward_cpu
+                g = zero
+            out_a[i] = a * g
+            out_b[i] = b * g
+    else:
+        for i in prange(y.size):
+            g = dy[i]
+            if y[i] <= 0:
+                g = zero
+            out_a[i] = a * g
+
+
+def relu_backward_scale(y, dy, a, out_a, b=0.0, out_b=None, stream=None):
+    """``out_a = a * relu_backward(y, dy)`` and, if given, ``out_b = b * relu_backward(y, dy)``:
+    ``relu_backward`` then ``scale`` (once or twice), bit for bit, reading ``y`` and ``dy`` once.
+    The input gradients of an Eltwise with a fused ReLU. Outputs may be ``dy``."""
+    y, dy, out_a = flat(y, dy, out_a)
+    out_b = flat(out_b)[0] if out_b is not None else out_a[:0]
+    t = y.dtype.type
+    if on_cpu(y):
+        relu_backward_scale_cpu(y, dy, t(a), out_a, t(b), out_b)
+    else:
+        launch(relu_backward_scale_cuda, *grid_1d(y.size), stream)(y, dy, t(a), out_a, t(b),
+                                                                   out_b)
 
 
 @cuda_kernel(*_sigs("void(A, S)"))

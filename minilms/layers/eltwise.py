@@ -1,13 +1,16 @@
 """Eltwise: ``top = sum_i coeff_i * bottom_i`` over two or more bottoms of one shape (residual
-adds).
+adds), and with ``relu: true``, ``top = max(sum, 0)``: a residual add and the ReLU after it in one
+layer (``minilms.fusion`` makes it from the two; oneDNN and cuDNN fuse the same pair).
 
-Backward: ``dbottom_i = coeff_i * dtop``. It reads no forward blob at all, so LMS keeps nothing
-for it.
+Backward: ``dbottom_i = coeff_i * dtop``; with the ReLU, ``coeff_i * dtop * (top > 0)``. Without
+it backward reads no forward blob at all, so LMS keeps nothing for it; with it, it reads the top,
+as the ReLU's own backward would. Fused, the layer gives the two layers' numbers bit for bit in
+one pass over memory each way fewer (``kernels.elementwise.axpby_relu``, ``relu_backward_scale``).
 Only ``operation: sum`` exists: product and max are not used by the nets minilms builds.
 """
 import math
 
-from ..kernels.elementwise import eltwise_sum, scale
+from ..kernels.elementwise import eltwise_sum, relu_backward_scale, scale
 from .base import Layer, ShapeError, register
 from .recompute import DETERMINISTIC, Recompute
 from .split import SAMPLE_WISE
@@ -21,7 +24,8 @@ class Eltwise(Layer):
     split = SAMPLE_WISE
     recompute = Recompute.rerun(DETERMINISTIC)
 
-    def __init__(self, name, bottom, top, operation: str = "sum", coeffs=None):
+    def __init__(self, name, bottom, top, operation: str = "sum", coeffs=None,
+                 relu: bool = False):
         super().__init__(name, bottom, top)
         if operation != "sum":
             raise ShapeError(self, "operation", "'sum'", repr(operation))
@@ -30,9 +34,21 @@ class Eltwise(Layer):
                 for c in coeffs)):
             raise ShapeError(self, "coeffs", "a list of finite numbers, one per bottom",
                              repr(coeffs))
+        if not isinstance(relu, bool):
+            raise ShapeError(self, "relu", "true or false", repr(relu))
         self.coeffs = [1.0] * len(self.bottom) if coeffs is None else [float(c) for c in coeffs]
         if len(self.coeffs) != len(self.bottom):
             raise ShapeError(self, "coeffs", f"{len(self.bottom)} coefficients", len(self.coeffs))
+        self.relu = relu
+        if relu:
+            if self.top[0] in self.bottom:
+                raise ShapeError(self, "top", "a blob of its own with relu: true (backward "
+                                 "reads it)", repr(self.top[0]))
+            self.backward_reads = frozenset({"top"})
+
+    def with_relu(self) -> "Eltwise":
+        """This layer with the in-place ReLU after it fused in (``minilms.fusion``)."""
+        return Eltwise(self.name, self.bottom, self.top, coeffs=self.coeffs, relu=True)
 
     def infer(self, bottom_shapes):
         for i, shape in enumerate(bottom_shapes[1:], 1):
@@ -42,9 +58,16 @@ class Eltwise(Layer):
         return [bottom_shapes[0]]
 
     def forward(self, io):
-        eltwise_sum(io.bottom, io.top[0], self.coeffs, io.stream)
+        eltwise_sum(io.bottom, io.top[0], self.coeffs, io.stream, relu=self.relu)
 
     def backward(self, io):
-        for grad, coeff in zip(io.bottom_grad, self.coeffs):
-            if grad is not None:
+        wanted = [(grad, coeff) for grad, coeff in zip(io.bottom_grad, self.coeffs)
+                  if grad is not None]
+        if not self.relu:
+            for grad, coeff in wanted:
                 scale(io.top_grad[0], coeff, grad, io.stream)
+            return
+        while wanted:       # two gradients a pass: the top and its gradient read once for both
+            (grad_a, a), (grad_b, b) = wanted[0], wanted[1] if len(wanted) > 1 else (None, 0.0)
+            relu_backward_scale(io.top[0], io.top_grad[0], a, grad_a, b, grad_b, io.stream)
+            wanted = wanted[2:]

@@ -105,6 +105,61 @@ def test_eltwise_sum_cpu(n_inputs, size, seed):
     np.testing.assert_allclose(out, sum(xs), rtol=1e-12, atol=1e-12)
 
 
+def bits(a):
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+def fused_and_parts(xp, x, y, dy):
+    """The fused kernels and the kernels they replace, on ``xp``'s arrays (numpy or device)."""
+    def run(launcher, *args):
+        return on_cuda(launcher, *args) if xp == "cuda" else (launcher(*args) or args)
+    _, _, _, _, fused = run(ew.axpby_relu, 1.5, x, -2.0, y, np.empty_like(x))
+    _, _, _, _, summed = run(ew.axpby, 1.5, x, -2.0, y, np.empty_like(x))
+    (parts,) = run(ew.relu_forward, summed, summed)[1:]
+    _, _, grad = run(ew.relu_backward, parts, dy, np.empty_like(x))
+    out = []
+    for a in (1.0, -0.5):
+        out.append(run(ew.scale, grad, a, np.empty_like(x))[2])
+    pair = run(ew.relu_backward_scale, parts, dy, 1.0, np.empty_like(x), -0.5, np.empty_like(x))
+    single = run(ew.relu_backward_scale, parts, dy, -0.5, np.empty_like(x))
+    return (fused, parts), (pair[3], out[0]), (pair[5], out[1]), (single[3], out[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_fused_relu_kernels_give_the_unfused_bits(dtype):
+    """``axpby_relu`` is ``axpby`` then ``relu_forward``, and ``relu_backward_scale`` is
+    ``relu_backward`` then ``scale`` (one or two outputs), bit for bit: zeros of both signs, NaN,
+    infinities, and a negative coefficient (whose product with a masked 0 is -0)."""
+    rng = np.random.default_rng(11)
+    x, y, dy = special(dtype, 257, 1), special(dtype, 257, 2), special(dtype, 257, 3)
+    x[6:9], y[6:9], dy[6:9] = [np.nan, 1.0, -1.0], [0.0, np.nan, 0.5], [np.nan, -0.0, np.inf]
+    rng.shuffle(x)
+    for got, want in fused_and_parts("cpu", x, y, dy):
+        np.testing.assert_array_equal(bits(got), bits(want))
+    assert np.signbit(fused_and_parts("cpu", x, y, dy)[2][0]).any()    # -0.5 * masked 0 is -0
+
+
+@pytest.mark.cuda
+def test_the_fused_relu_kernels_give_the_unfused_bits_on_cuda():
+    """The same on the device: both sides are CUDA kernels of the same expressions."""
+    x, y, dy = special(np.float32, 300, 4), special(np.float32, 300, 5), special(np.float32, 300, 6)
+    for got, want in fused_and_parts("cuda", x, y, dy):
+        np.testing.assert_array_equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("inputs", [1, 2, 3, 4])
+def test_eltwise_sum_with_relu_is_the_sum_then_relu(inputs):
+    rng = np.random.default_rng(inputs)
+    xs = [rng.standard_normal(200).astype(np.float32) for _ in range(inputs)]
+    coeffs = [1.0, -2.0, 0.5, 3.0][:inputs]
+    want, got = np.empty_like(xs[0]), np.empty_like(xs[0])
+    ew.eltwise_sum(xs, want, coeffs)
+    ew.relu_forward(want, want)
+    ew.eltwise_sum(xs, got, coeffs, relu=True)
+    np.testing.assert_array_equal(bits(got), bits(want))
+    assert (got == 0).any() and (got > 0).any()
+
+
 def test_eltwise_sum_rejects_mismatches():
     a = np.zeros(3)
     with pytest.raises(ValueError):

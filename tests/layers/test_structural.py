@@ -51,6 +51,20 @@ def test_eltwise_sum_with_coefficients(kind):
         check_gradients(device, layer, xs, samples=GRADCHECK_SAMPLES[kind])
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_eltwise_with_a_fused_relu(kind):
+    rng = np.random.default_rng(5)
+    xs = [away_from_zero(rng, (3, 4, 5)) for _ in range(3)]
+    layer = make("Eltwise", ("a", "b", "c"), coeffs=[1.0, -2.0, 0.5], relu=True)
+    assert layer.backward_reads == {"top"}     # the mask: the ReLU's own backward reads it too
+    with new_device(kind, MiB) as device:
+        run = LayerRun(device, layer, [x.shape for x in xs], dtype=np.float64)
+        np.testing.assert_allclose(run.forward(xs)[0],
+                                   np.maximum(xs[0] - 2 * xs[1] + 0.5 * xs[2], 0))
+        report = check_gradients(device, layer, xs, samples=GRADCHECK_SAMPLES[kind])
+    assert report.checked > 0
+
+
 def test_eltwise_errors():
     with pytest.raises(ShapeError, match=r"layer l \(Eltwise\): coeffs: expected 2 coefficients"):
         make("Eltwise", ("a", "b"), coeffs=[1.0])
@@ -63,6 +77,10 @@ def test_eltwise_errors():
         make("Eltwise", ("a", "b")).setup([(2, 3), (3, 2)])
     with pytest.raises(ShapeError, match="bottoms: expected 2 to 64 bottom blob"):
         make("Eltwise", ("a",))
+    with pytest.raises(ShapeError, match="relu: expected true or false, found 'yes'"):
+        make("Eltwise", ("a", "b"), relu="yes")
+    with pytest.raises(ShapeError, match="top: expected a blob of its own with relu: true"):
+        LAYERS["Eltwise"]("l", ["a", "b"], ["a"], relu=True)
 
 
 @pytest.mark.parametrize("kind", KINDS)
