@@ -5,9 +5,11 @@ again and writes it again. Where the ReLU works in place on a top that no other 
 first, the layer before it can apply ``max(v, 0)`` as it writes ``v``, and in backward mask the
 gradient as it reads it: oneDNN's ``fuse_norm_relu``, cuDNN's ``BN_ACTIVATION``, the residual
 add + ReLU of every fused ResNet block. A layer that can take the ReLU offers ``with_relu()``:
-the same layer, fused (today ``Eltwise``). Fused or not, a net computes the same numbers bit for
-bit (``tests/test_fusion.py``); the fused ReLU's layer leaves the schedule, so the trace and the
-plan show one step where there were two.
+the same layer, fused (``Eltwise``, ``BatchNorm``). Fused or not, a net computes the same
+numbers bit for bit (``tests/test_fusion.py``); the fused ReLU's layer leaves the schedule, so
+the trace and the plan show one step where there were two. The cost: a fused step holds what
+both held (a fused add's backward its top, the top's gradient and both input gradients at
+once), so the least pool of an unsplit net may grow; the split floor does not.
 
 ``Net(..., fuse=True)`` applies it after checking the listed layers as written; a config's
 ``model.fuse`` (default true) sets it.

@@ -344,11 +344,13 @@ class Net:
                 top_grads.append(self._declare(top + ".grad", self.blobs[top].shape, np.float32,
                                                "activation_grad"))
         reads = [g for g in top_grads if g[:-5] not in layer.bottom]
+        masked = reads if layer.backward_rewrites_top_grad else []
+        reads = [g for g in reads if g not in masked]
         reads += [b for b in layer.bottom if "bottom" in layer.backward_reads]
         reads += [t for t in layer.top if "top" in layer.backward_reads and t not in reads]
         reads += [prefix + p.name for p in layer.params()]
         reads += [prefix + b.name for b in layer.saved()]
-        writes, updates, accumulate = [], [], []
+        writes, updates, accumulate = [], list(masked), []
         for bottom in layer.bottom:
             if bottom not in self.grad_blobs:
                 continue

@@ -134,8 +134,6 @@ def torch_model(torch, net):
                 x = [blobs[b] for b in layer.bottom]
                 if layer.type == "Eltwise":
                     y = sum(c * v if c != 1.0 else v for c, v in zip(layer.coeffs, x))
-                    if layer.relu:                  # a ReLU fused into it (minilms.fusion)
-                        y = F.relu(y)
                 elif layer.type == "InnerProduct":
                     y = self.layers[layer.name](x[0].flatten(1))
                 elif layer.type == "Concat":
@@ -151,6 +149,8 @@ def torch_model(torch, net):
                         y = (top == x[1][:, None]).any(1).float().mean()
                 else:
                     y = self.layers[layer.name](x[0])
+                if getattr(layer, "relu", False):   # a ReLU fused into it (minilms.fusion)
+                    y = F.relu(y)
                 blobs[layer.top[0]] = y
             return loss
 

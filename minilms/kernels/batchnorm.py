@@ -56,11 +56,12 @@ from .batchnorm_sums import (
     stats_shape,
 )
 from .common import grid_planes, launch
+from .elementwise import relu_forward
 from .registry import cuda_kernel, on_cpu
 
 __all__ = ["batchnorm_forward_train", "batchnorm_normalize", "batchnorm_forward_inference",
-           "batchnorm_backward", "batchnorm_input_grad", "THREADS", "SUMS", "signatures", "nchw",
-           "channel_views", "stats_shape", "cuda_stats"]
+           "batchnorm_relu_mask", "batchnorm_backward", "batchnorm_input_grad", "THREADS", "SUMS",
+           "signatures", "nchw", "channel_views", "stats_shape", "cuda_stats"]
 
 # The CPU sums run in float64 with reassociation allowed, so LLVM splits them over vector lanes
 # (measured faster on backward); the order then depends on the vector width only, not the threads.
@@ -84,7 +85,8 @@ def cuda_stats(stats, x):
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=SUMS)
-def forward_train_cpu(x, gamma, beta, y, mean, invstd, running_mean, running_var, momentum, eps):
+def forward_train_cpu(x, gamma, beta, y, mean, invstd, running_mean, running_var, momentum, eps,
+                      relu):
     n_, c_, hw = x.shape
     m = n_ * hw
     one = x.dtype.type(1)
@@ -108,6 +110,8 @@ def forward_train_cpu(x, gamma, beta, y, mean, invstd, running_mean, running_var
             x_row, y_row = x[n, c], y[n, c]
             for j in range(hw):
                 y_row[j] = (x_row[j] - mu) * g + beta[c]
+        if relu:
+            rectify_channel(y, c)
         mean[c] = mu
         invstd[c] = inv
         running_mean[c] = (one - momentum) * running_mean[c] + momentum * mu
@@ -115,10 +119,11 @@ def forward_train_cpu(x, gamma, beta, y, mean, invstd, running_mean, running_var
 
 
 def batchnorm_forward_train(x, gamma, beta, y, mean, invstd, running_mean, running_var,
-                            momentum=0.1, eps=1e-5, stream=None, stats=None):
+                            momentum=0.1, eps=1e-5, stream=None, stats=None, relu=False):
     """Normalise with batch statistics, save ``mean``/``invstd`` (``[C]``) for backward and update
     the running statistics in place. ``y`` may be ``x``. On CUDA, ``stats`` is the float64
-    workspace of the sums (``stats_shape``)."""
+    workspace of the sums (``stats_shape``). ``relu``: ``y = max(y, 0)`` (``relu_forward``'s
+    bits), on the CPU a channel at a time while it is in cache."""
     c = x.shape[1]
     x3, y3 = nchw(x), nchw(y)
     m = x3.size // c
@@ -129,14 +134,14 @@ def batchnorm_forward_train(x, gamma, beta, y, mean, invstd, running_mean, runni
     if on_cpu(x):
         t = x3.dtype.type
         forward_train_cpu(x3, *channel_views(c, gamma, beta), y3, mean, invstd, running_mean,
-                          running_var, t(momentum), t(eps))
+                          running_var, t(momentum), t(eps), relu)
         return
     stats = cuda_stats(stats, x)
     cuda_sums(x3, 0, stats, False, stream)
     cuda_mean(stats, m, mean, stream)
     cuda_sums(x3, 0, stats, True, stream)
     cuda_invstd(stats, m, mean, invstd, running_mean, running_var, momentum, eps, stream)
-    batchnorm_normalize(x, gamma, beta, mean, invstd, y, stream)
+    batchnorm_normalize(x, gamma, beta, mean, invstd, y, stream, relu)
 
 
 @cuda_kernel(*signatures("void(X, V, V, V, V, X)"))
@@ -152,8 +157,18 @@ def normalize_cuda(x, gamma, beta, mean, invstd, y):
             y[n, c, j] = (x[n, c, j] - mu) * g + b
 
 
+@njit(inline="always", cache=True, nogil=True)
+def rectify_channel(y, c):
+    """``relu_forward`` on channel ``c`` of ``y [N, C, HW]``, in place: its branch, its bits."""
+    for n in range(y.shape[0]):
+        y_row = y[n, c]
+        for j in range(y.shape[2]):
+            if y_row[j] <= 0:
+                y_row[j] = 0
+
+
 @njit(parallel=True, cache=True, nogil=True, fastmath=SUMS)
-def normalize_cpu(x, gamma, beta, mean, invstd, y):
+def normalize_cpu(x, gamma, beta, mean, invstd, y, relu):
     n_, c_, hw = x.shape
     for c in prange(c_):
         mu = mean[c]
@@ -162,21 +177,25 @@ def normalize_cpu(x, gamma, beta, mean, invstd, y):
             x_row, y_row = x[n, c], y[n, c]
             for j in range(hw):
                 y_row[j] = (x_row[j] - mu) * g + beta[c]
+        if relu:
+            rectify_channel(y, c)
 
 
-def batchnorm_normalize(x, gamma, beta, mean, invstd, y, stream=None):
+def batchnorm_normalize(x, gamma, beta, mean, invstd, y, stream=None, relu=False):
     """``y = (x - mean) * (gamma * invstd) + beta`` with given statistics (``[C]``), in the
     training forward's own expression and rounding: a recompute's forward with the saved
     statistics (the first forward's ``y`` again, bit for bit; nothing else read or written), a
     split step's per-chunk pass, and on CUDA the training forward's last pass. ``y`` may be
-    ``x``."""
+    ``x``. ``relu``: then ``y = max(y, 0)``."""
     c = x.shape[1]
     x3, y3 = nchw(x), nchw(y)
     args = (x3, *channel_views(c, gamma, beta, mean, invstd), y3)
     if on_cpu(x):
-        normalize_cpu(*args)
+        normalize_cpu(*args, relu)
     else:
         launch(normalize_cuda, *planes(x3), stream)(*args)
+        if relu:
+            relu_forward(y, y, stream)
 
 
 @cuda_kernel(*signatures("void(X, V, V, V, V, X, S)"))
@@ -203,9 +222,56 @@ def forward_inference_cpu(x, gamma, beta, running_mean, running_var, y, eps):
             y[n, c, j] = (x[n, c, j] - running_mean[c]) * g + beta[c]
 
 
+@cuda_kernel(*signatures("void(X, V, V, V, V, X, X)"))
+def relu_mask_cuda(x, gamma, beta, mean, invstd, dy, out):
+    n_, c_, hw = x.shape
+    for plane in range(cuda.blockIdx.y, n_ * c_, cuda.gridDim.y):      # grid_planes
+        n = plane // c_
+        c = plane - n * c_
+        g = gamma[c] * invstd[c]        # normalize_cuda's y, then relu_backward's branch
+        mu, b = mean[c], beta[c]
+        for j in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, hw,
+                       cuda.gridDim.x * cuda.blockDim.x):
+            if (x[n, c, j] - mu) * g + b <= 0:
+                out[n, c, j] = 0
+            else:
+                out[n, c, j] = dy[n, c, j]
+
+
+@njit(parallel=True, cache=True, nogil=True, fastmath=SUMS)
+def relu_mask_cpu(x, gamma, beta, mean, invstd, dy, out):
+    n_, c_, hw = x.shape
+    zero = dy.dtype.type(0)
+    for c in prange(c_):
+        mu = mean[c]
+        g = gamma[c] * invstd[c]        # normalize_cpu's y, with its flags
+        for n in range(n_):
+            x_row, dy_row, out_row = x[n, c], dy[n, c], out[n, c]
+            for j in range(hw):
+                if (x_row[j] - mu) * g + beta[c] <= 0:
+                    out_row[j] = zero
+                else:
+                    out_row[j] = dy_row[j]
+
+
+def batchnorm_relu_mask(x, gamma, beta, mean, invstd, dy, out, stream=None):
+    """``out = relu_backward(y, dy)`` for ``y``, the training forward's output with these
+    statistics (made again from ``x`` with ``batchnorm_normalize``'s expression and flags, so the
+    same bits: ``y`` need not be kept): the gradient a fused ReLU passes back. ``out`` may be
+    ``dy``."""
+    c = x.shape[1]
+    x3 = nchw(x)
+    args = (x3, *channel_views(c, gamma, beta, mean, invstd), nchw(dy), nchw(out))
+    if on_cpu(x):
+        relu_mask_cpu(*args)
+    else:
+        launch(relu_mask_cuda, *planes(x3), stream)(*args)
+
+
 def batchnorm_forward_inference(x, gamma, beta, running_mean, running_var, y, eps=1e-5,
-                                stream=None):
-    """Normalise with the running statistics; nothing is updated. ``y`` may be ``x``."""
+                                stream=None, relu=False):
+    """Normalise with the running statistics; nothing is updated. ``y`` may be ``x``. ``relu``:
+    then ``y = max(y, 0)``."""
     c = x.shape[1]
     x3, y3 = nchw(x), nchw(y)
     args = (x3, *channel_views(c, gamma, beta, running_mean, running_var), y3, x3.dtype.type(eps))
@@ -213,6 +279,8 @@ def batchnorm_forward_inference(x, gamma, beta, running_mean, running_var, y, ep
         forward_inference_cpu(*args)
     else:
         launch(forward_inference_cuda, *planes(x3), stream)(*args)
+    if relu:
+        relu_forward(y, y, stream)
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=SUMS)
@@ -242,14 +310,66 @@ def backward_cpu(x, dy, gamma, mean, invstd, dx, dgamma, dbeta):
         dbeta[c] = s_dy
 
 
-def batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, stream=None, stats=None):
+@njit(parallel=True, cache=True, nogil=True, fastmath=SUMS)
+def backward_relu_cpu(x, dy, gamma, beta, mean, invstd, dx, dgamma, dbeta):
+    """``backward_cpu`` behind a fused ReLU: ``dy`` masked where the forward's ``y <= 0``, ``y``
+    made again from ``x`` (the forward's expression and flags). Its sums are ``backward_cpu``'s
+    loop over the masked ``dy`` (written into ``dx``, read again from cache), so they group as
+    its do (with reassociation allowed, a loop of another shape may not)."""
+    n_, c_, hw = x.shape
+    m = n_ * hw
+    zero = dy.dtype.type(0)
+    for c in prange(c_):
+        mu, inv = mean[c], invstd[c]
+        gm = gamma[c] * inv
+        for n in range(n_):
+            x_row, dy_row, dx_row = x[n, c], dy[n, c], dx[n, c]
+            for j in range(hw):
+                if (x_row[j] - mu) * gm + beta[c] <= 0:
+                    dx_row[j] = zero
+                else:
+                    dx_row[j] = dy_row[j]
+        s_dy = 0.0
+        s_dy_x = 0.0
+        for n in range(n_):
+            x_row, dy_row = x[n, c], dx[n, c]
+            for j in range(hw):
+                s_dy += dy_row[j]
+                s_dy_x += np.float64(dy_row[j]) * np.float64(x_row[j])
+        s_dy_xhat = (s_dy_x - np.float64(mu) * s_dy) * inv
+        g = gamma[c] * inv
+        shift = x.dtype.type(g * s_dy / m)
+        slope = x.dtype.type(g * inv * s_dy_xhat / m)
+        # masked again, not read back from dx: a loop in place does not vectorise
+        for n in range(n_):
+            x_row, dy_row, dx_row = x[n, c], dy[n, c], dx[n, c]
+            for j in range(hw):
+                d = dy_row[j]
+                if (x_row[j] - mu) * gm + beta[c] <= 0:
+                    d = zero
+                dx_row[j] = g * d - slope * (x_row[j] - mu) - shift
+        dgamma[c] = s_dy_xhat
+        dbeta[c] = s_dy
+
+
+def batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, stream=None, stats=None,
+                       beta=None):
     """``dx``, ``dgamma``, ``dbeta`` of a training-mode forward, from its input ``x`` and its saved
     ``mean``/``invstd``. ``dx`` may be ``dy`` (or ``x``): the sums are complete before any ``dx``
     is written, and each element is then read and written by the same thread. On CUDA, ``stats``
-    is the float64 workspace of the sums (``stats_shape``)."""
+    is the float64 workspace of the sums (``stats_shape``). ``beta`` given: the forward had a
+    fused ReLU, and ``dy`` is first masked where its output was ``<= 0`` (``batchnorm_relu_mask``:
+    the output made again from ``x``, so backward need not keep it)."""
     c = x.shape[1]
     x3, dy3 = nchw(x), nchw(dy)
+    if beta is not None and not on_cpu(x):
+        batchnorm_relu_mask(x, gamma, beta, mean, invstd, dy, dx, stream)
+        dy, dy3 = dx, nchw(dx)
     gamma, mean, invstd, dgamma, dbeta = channel_views(c, gamma, mean, invstd, dgamma, dbeta)
+    if on_cpu(x) and beta is not None:
+        backward_relu_cpu(x3, dy3, gamma, channel_views(c, beta)[0], mean, invstd, nchw(dx),
+                          dgamma, dbeta)
+        return
     if on_cpu(x):
         backward_cpu(x3, dy3, gamma, mean, invstd, nchw(dx), dgamma, dbeta)
         return

@@ -8,6 +8,7 @@ net's executor, or ``LayerRun`` in tests and notebooks) places those blobs in th
     saved()       buffers forward writes and backward reads (max-pool argmax, dropout mask, ...)
     workspace()   scratch for one step (im2col columns, ...); bounded, never batch-proportional
     backward_reads  which forward blobs backward needs ("bottom", "top"): what LMS must keep
+    backward_rewrites_top_grad  backward may overwrite its tops' gradients (updates, not reads)
     split         how a step splits along the batch (``minilms.layers.split``); None: never
     recompute     whether forward can run again to rebuild the tops bit for bit, and what that
                   re-run reads and leaves alone (``minilms.layers.recompute``)
@@ -126,6 +127,8 @@ class Layer:
     bottoms: ClassVar[tuple[int, int]] = (1, 1)   # how many bottoms: (at least, at most)
     tops: ClassVar[int] = 1
     backward_reads: ClassVar[frozenset] = frozenset({"bottom"})
+    # backward may overwrite its tops' gradients (a fused ReLU masks them in place)
+    backward_rewrites_top_grad: ClassVar[bool] = False
     has_backward: ClassVar[bool] = True
     is_loss: ClassVar[bool] = False
     split: ClassVar["SplitRule | None"] = None     # None: a step of this layer is never split

@@ -13,6 +13,12 @@ Training forward (``io.train``), per channel over its ``M = N*H*W`` values::
     running_mean = (1 - momentum) * running_mean + momentum * mean
     running_var  = (1 - momentum) * running_var  + momentum * var * M / (M - 1)
 
+With ``relu: true`` (``minilms.fusion`` makes it from a BatchNorm and the in-place ReLU after
+it; oneDNN's ``fuse_norm_relu``), ``top = max(y, 0)`` and backward first masks the top's gradient
+where ``y <= 0``, ``y`` made again from ``x`` with the forward's own expression (so backward
+still reads no top): the two layers' numbers bit for bit, on the ``cpu`` device a channel at a
+time while it is in cache.
+
 ``mean`` and ``invstd`` (``[C]``) are saved for backward. A recompute (``io.recompute``, issue 21)
 in training applies those saved statistics (``kernels.batchnorm.batchnorm_normalize``): the
 same ``y`` bit for bit, and the running statistics are not updated a second time. Test forward:
@@ -42,6 +48,7 @@ from ..kernels.batchnorm import (
     batchnorm_forward_inference,
     batchnorm_forward_train,
     batchnorm_normalize,
+    batchnorm_relu_mask,
     cuda_stats,
     nchw,
     stats_shape,
@@ -111,7 +118,7 @@ class BatchNorm(Layer):
         untouched=("running_mean", "running_var"))
 
     def __init__(self, name, bottom, top, momentum: float = 0.1, eps: float = 1e-5,
-                 affine: bool = True):
+                 affine: bool = True, relu: bool = False):
         super().__init__(name, bottom, top)
         if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) \
                 or not 0.0 <= momentum <= 1.0:
@@ -120,7 +127,19 @@ class BatchNorm(Layer):
             raise ShapeError(self, "eps", "a number > 0", repr(eps))
         if not isinstance(affine, bool):
             raise ShapeError(self, "affine", "true or false", repr(affine))
-        self.momentum, self.eps, self.affine = float(momentum), float(eps), affine
+        if not isinstance(relu, bool):
+            raise ShapeError(self, "relu", "true or false", repr(relu))
+        self.momentum, self.eps, self.affine, self.relu = float(momentum), float(eps), affine, relu
+        if relu:
+            # backward makes the mask again from the bottom (kernels.batchnorm_relu_mask): it
+            # reads what it read before, no top. It may mask the top's gradient in place, as the
+            # ReLU's own in-place backward did (a split step does, a chunk at a time)
+            self.backward_rewrites_top_grad = True
+
+    def with_relu(self) -> "BatchNorm":
+        """This layer with the in-place ReLU after it fused in (``minilms.fusion``)."""
+        return BatchNorm(self.name, self.bottom, self.top, self.momentum, self.eps, self.affine,
+                         relu=True)
 
     def infer(self, bottom_shapes):
         shape = bottom_shapes[0]
@@ -194,16 +213,17 @@ class BatchNorm(Layer):
         rm, rv = io.params["running_mean"], io.params["running_var"]
         if io.train and io.recompute:
             batchnorm_normalize(x, gamma, beta, io.saved["mean"], io.saved["invstd"], y,
-                                io.stream)
+                                io.stream, self.relu)
         elif io.train:
             if x.size // self.channels < 2:
                 raise ShapeError(self, f"bottom 0 ({self.bottom[0]})",
                                  "more than one value per channel in training", tuple(x.shape))
             batchnorm_forward_train(x, gamma, beta, y, io.saved["mean"], io.saved["invstd"],
                                     rm, rv, self.momentum, self.eps, io.stream,
-                                    io.work.get("stats"))
+                                    io.work.get("stats"), self.relu)
         else:
-            batchnorm_forward_inference(x, gamma, beta, rm, rv, y, self.eps, io.stream)
+            batchnorm_forward_inference(x, gamma, beta, rm, rv, y, self.eps, io.stream,
+                                        self.relu)
 
     def backward(self, io):
         if not io.train:
@@ -218,13 +238,22 @@ class BatchNorm(Layer):
         gamma = io.params["weight"] if self.affine else io.work["weight"]
         if dx is None:
             if wanted:
+                self._mask(io)
                 batchnorm_param_grads(x, dy, mean, invstd, dgamma, dbeta, io.stream,
                                       io.work.get("stats"))
             return
         if not self.affine:
             fill(gamma, 1.0, io.stream)
+        beta = self._gamma_beta(io)[1] if self.relu else None
         batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, io.stream,
-                           io.work.get("stats"))
+                           io.work.get("stats"), beta)
+
+    def _mask(self, io) -> None:
+        """With a fused ReLU: the top's gradient (or its chunk) masked in place."""
+        if self.relu:
+            gamma, beta = self._gamma_beta(io)
+            batchnorm_relu_mask(io.bottom[0], gamma, beta, io.saved["mean"], io.saved["invstd"],
+                                io.top_grad[0], io.top_grad[0], io.stream)
 
 
     # -- a training step split along the batch (minilms.layers.split) ----------------------------
@@ -257,7 +286,7 @@ class BatchNorm(Layer):
     def normalize(self, io):
         gamma, beta = self._gamma_beta(io)
         batchnorm_normalize(io.bottom[0], gamma, beta, io.saved["mean"], io.saved["invstd"],
-                            io.top[0], io.stream)
+                            io.top[0], io.stream, self.relu)
 
     def _grads(self, io):
         """(dgamma, dbeta, whether anything is wanted): the parameter gradients, or where they go
@@ -273,6 +302,7 @@ class BatchNorm(Layer):
             raise ShapeError(self, "backward", "a training-mode step (batch statistics)",
                              "a test-mode step")
         if self._grads(io)[2]:
+            self._mask(io)
             batchnorm_split_grad_sums(io.bottom[0], io.top_grad[0], io.chunk[0], io.saved["mean"],
                                       io.saved["invstd"], io.work.get("stats"),
                                       io.bottom_grad[0] is not None, io.stream)

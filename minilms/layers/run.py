@@ -77,7 +77,8 @@ class LayerRun:
                     params={k: b.device_data() for k, b in self.params.items()},
                     saved={k: b.device_data() for k, b in self.saved.items()},
                     work={k: b.mutable_device_data(overwrite=True) for k, b in self.work.items()},
-                    top_grad=[g.device_data() for g in self.top_grad],
+                    top_grad=[g.mutable_device_data() if self.layer.backward_rewrites_top_grad
+                              else g.device_data() for g in self.top_grad],
                     bottom_grad=[g.mutable_device_data(overwrite=True) if down else None
                                  for g, down in zip(self.bottom_grad, propagate_down)],
                     param_grad={k: g.mutable_device_data(overwrite=True)

@@ -153,7 +153,8 @@ class Executor:
                 bottom_grad.append(self._update(grad))
             else:
                 bottom_grad.append(self._write(targets.get(grad, grad)))
-        top_grad = [self._read(f"{t}.grad") if f"{t}.grad" in self.blobs else None
+        top_access = self._update if layer.backward_rewrites_top_grad else self._read
+        top_grad = [top_access(f"{t}.grad") if f"{t}.grad" in self.blobs else None
                     for t in layer.top]
         io = StepIO(bottom=[self._read(b) if "bottom" in reads else None for b in layer.bottom],
                     top=[self._read(t) if "top" in reads else None for t in layer.top],

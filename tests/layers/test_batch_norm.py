@@ -125,6 +125,95 @@ def test_parameter_gradients_without_input_gradient(kind):
     np.testing.assert_allclose(full["weight"], (dy * xhat).sum((0, 2)), rtol=1e-4, atol=1e-6)
 
 
+def bits(a):
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_fused_relu_gives_batch_norm_then_relu_bit_for_bit(kind, dtype):
+    """``relu: true`` against a BatchNorm and an in-place ReLU run one after the other: training
+    forward, backward (with and without dx) and test forward, bit for bit. (Backward may mask the
+    top's gradient in place, as the ReLU's in-place backward did: it is declared rewritten.)"""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((3, 2, 4, 5)) * 2 + 0.3).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    dy[0, 0, 0, :2] = [np.nan, -0.0]
+    relu = LAYERS["ReLU"]("relu", ["y"], ["y"])
+    with new_device(kind, MiB) as device:
+        fused, plain = (LayerRun(device, make(relu=r), [x.shape], dtype=dtype)
+                        for r in (True, False))
+        alone = LayerRun(device, relu, [x.shape], dtype=dtype)
+        for run in (fused, plain):
+            run.set_param("weight", [1.5, -0.5])
+            run.set_param("bias", [0.25, -0.1])
+        y = fused.forward([x])[0]
+        want = alone.forward(plain.forward([x]))[0]
+        assert (y == 0).any() and (y > 0).any()
+        np.testing.assert_array_equal(bits(y), bits(want))
+        for down in ([True], [False]):
+            (dx,), grads = fused.backward([dy], down)
+            (masked,), _ = alone.backward([dy])
+            (dx_want,), grads_want = plain.backward([masked], down)
+            assert (dx is None) == (dx_want is None) == (not down[0])
+            if dx is not None:
+                np.testing.assert_array_equal(bits(dx), bits(dx_want))
+            for name in grads_want:
+                np.testing.assert_array_equal(bits(grads[name]), bits(grads_want[name]))
+        for k in ("running_mean", "running_var"):
+            np.testing.assert_array_equal(fused.param(k), plain.param(k))
+        test = fused.forward([x], train=False)[0]
+        np.testing.assert_array_equal(bits(test),
+                                      bits(alone.forward(plain.forward([x], train=False))[0]))
+    assert make(relu=True).backward_reads == {"bottom"}     # the mask is made again from x
+    assert make(relu=True).backward_rewrites_top_grad and not make().backward_rewrites_top_grad
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_fused_relu_masks_with_the_forwards_own_y_at_zero(kind, dtype):
+    """Backward makes the forward's ``y`` again from ``x`` to mask the gradient: it must round as
+    the forward did. ``bias`` is set so that in each channel some ``y`` falls within an ulp or
+    two of 0, where a product rounded before the add (or not, with an FMA) flips the sign:
+    backward's mask must agree with the forward's output everywhere."""
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((4, 3, 5, 6)) * 3).astype(dtype)
+    x[:, :, 0, :] = x[0, :, 0, 0][None, :, None]   # 24 values a channel at the edge of the mask
+    dy = np.ones(x.shape, dtype)
+    weight = np.array([1.3, -0.7, 2.1], dtype)
+    with new_device(kind, MiB) as device:
+        run = LayerRun(device, make(relu=True), [x.shape], dtype=dtype)
+        run.set_param("weight", weight)
+        run.forward([x])
+        mean, invstd = (run.saved[k].host_data().copy() for k in ("mean", "invstd"))
+        g = (weight * invstd).astype(dtype)
+        # minus the rounded product (x - mean) * g of those values: their y is the product's
+        # rounding error (an FMA) or 0 (none); either way at the edge of the mask
+        bias = (-(x[0, :, 0, 0] - mean) * g).astype(dtype)
+        run.set_param("bias", bias)
+        y = run.forward([x])[0]
+        (dx,), _ = run.backward([dy])
+        masked = LayerRun(device, make(), [x.shape], dtype=dtype)
+        masked.set_param("weight", weight)
+        masked.set_param("bias", bias)
+        masked.forward([x])
+        (want,), _ = masked.backward([np.where(y <= 0, 0, dy).astype(dtype)])
+    np.testing.assert_array_equal(bits(dx), bits(want))
+    assert np.abs(y[:, :, 0, :]).max() <= 4 * np.finfo(dtype).eps * np.abs(x).max()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradients_with_a_fused_relu(kind):
+    rng = np.random.default_rng(8)
+    channels = 2 if kind == "cpu" else 1
+    x = rng.standard_normal((4, channels, 2, 3)) * 2 + 0.5
+    params = {"weight": rng.standard_normal(channels), "bias": rng.standard_normal(channels)}
+    with new_device(kind, MiB) as device:
+        report = check_gradients(device, make(relu=True), [x], params=params,
+                                 samples=GRADCHECK_SAMPLES[kind] if kind == "cpu" else CUDA_SAMPLES)
+    assert report.checked > 0
+
+
 @pytest.mark.cuda
 def test_cuda_matches_cpu():
     rng = np.random.default_rng(4)
@@ -222,6 +311,7 @@ def test_option_errors():
         (dict(momentum=None), "momentum: expected a number in \\[0, 1\\], found None$"),
         (dict(eps=0), "eps: expected a number > 0, found 0$"),
         (dict(affine="yes"), "affine: expected true or false, found 'yes'$"),
+        (dict(relu=1), "relu: expected true or false, found 1$"),
     ]:
         with pytest.raises(ShapeError, match=prefix + message):
             make(**options)

@@ -98,7 +98,10 @@ CASES = {
         lambda rng, n, dt: (make("BatchNorm", affine=False, momentum=0.3),
                             [spread(rng, dt, n, 4)], None),
         # no dx wanted: the parameter gradients alone (a BatchNorm fed by the data)
-        lambda rng, n, dt: (make("BatchNorm"), [spread(rng, dt, n, 2, 9)], [False])],
+        lambda rng, n, dt: (make("BatchNorm"), [spread(rng, dt, n, 2, 9)], [False]),
+        # a fused ReLU (minilms.fusion): the mask is taken a chunk at a time before the sums
+        lambda rng, n, dt: (make("BatchNorm", relu=True), [spread(rng, dt, n, 3, 4, 5)], None),
+        lambda rng, n, dt: (make("BatchNorm", relu=True), [spread(rng, dt, n, 2, 9)], [False])],
     "SoftmaxWithLoss": [
         lambda rng, n, dt: (make("SoftmaxWithLoss", ("z", "label"), ("loss",)),
                             logits_and_labels(rng, n, dt), [True, True]),
