@@ -7,14 +7,30 @@ gradient as it reads it: oneDNN's ``fuse_norm_relu``, cuDNN's ``BN_ACTIVATION``,
 add + ReLU of every fused ResNet block. A layer that can take the ReLU offers ``with_relu()``:
 the same layer, fused (``Eltwise``, ``BatchNorm``). Fused or not, a net computes the same
 numbers bit for bit (``tests/test_fusion.py``); the fused ReLU's layer leaves the schedule, so
-the trace and the plan show one step where there were two. The cost: a fused step holds what
-both held (a fused add's backward its top, the top's gradient and both input gradients at
-once), so the least pool of an unsplit net may grow; the split floor does not.
+the trace and the plan show one step where there were two.
 
-``Net(..., fuse=True)`` applies it after checking the listed layers as written; a config's
-``model.fuse`` (default true) sets it.
+Which: ``"auto"`` folds a ReLU only where the fused layer's backward reads no more forward blobs
+than the layer's own (a batch norm makes the mask again from its input), so no step holds more
+than before; ``"all"`` folds it into a residual add too, whose backward then holds its top for
+the mask beside its gradient and both input gradients, four blobs where the add and the ReLU held
+three and two: faster, and the least pool of a net whose largest step is such an add grows.
+``Net(..., fuse=...)`` applies it after checking the listed layers as written; a config's
+``model.fuse`` (default ``auto``) sets it.
 """
 from .layers.base import Layer
+
+CHOICES = ("auto", "all", "none")
+
+
+def fusion_choice(fuse) -> str:
+    """``fuse`` as one of ``CHOICES``: True is ``"all"``, False and None are ``"none"``."""
+    if fuse is True:
+        return "all"
+    if fuse is False or fuse is None:
+        return "none"
+    if fuse not in CHOICES:
+        raise ValueError(f"fuse: expected one of {', '.join(CHOICES)} (or a bool), found {fuse!r}")
+    return fuse
 
 
 def fusible_relu(layer: Layer) -> bool:
@@ -23,22 +39,27 @@ def fusible_relu(layer: Layer) -> bool:
     return layer.type == "ReLU" and layer.top == layer.bottom
 
 
-def fuse_relu(layers: list[Layer]) -> tuple[list[Layer], dict]:
+def fuse_relu(layers: list[Layer], which="all") -> tuple[list[Layer], dict]:
     """``(layers, fused)``: ``layers`` with every in-place ReLU whose blob was last touched by a
     layer offering ``with_relu()`` that made it (no layer between them reads or writes it) folded
-    into that layer; ``fused`` maps each folded ReLU's name to the layer that took it."""
+    into that layer (``which``: ``"all"``, or ``"auto"``: only where the fused backward reads no
+    more than the layer's own); ``fused`` maps each folded ReLU's name to the layer that took
+    it."""
+    which = fusion_choice(which)
     out: list[Layer] = []
     fused: dict = {}
     last = {}                         # blob -> index in ``out`` of the last layer naming it
     for layer in layers:
-        if fusible_relu(layer):
+        if which != "none" and fusible_relu(layer):
             blob = layer.bottom[0]
             before = out[last[blob]] if blob in last else None
             if before is not None and before.top == [blob] and blob not in before.bottom \
                     and hasattr(before, "with_relu") and not getattr(before, "relu", False):
-                out[last[blob]] = before.with_relu()
-                fused[layer.name] = before.name
-                continue
+                taken = before.with_relu()
+                if which == "all" or taken.backward_reads <= before.backward_reads:
+                    out[last[blob]] = taken
+                    fused[layer.name] = before.name
+                    continue
         out.append(layer)
         for blob in layer.bottom + layer.top:
             last[blob] = len(out) - 1

@@ -123,13 +123,14 @@ class Net:
     """``Net(layer_specs, inputs)``: ``inputs`` maps each input blob to ``(shape, dtype)``."""
 
     def __init__(self, layer_specs: list[dict], inputs: dict, where: str = "model.layers",
-                 listed: bool = True, device_kind: str | None = None, fuse: bool = False):
+                 listed: bool = True, device_kind: str | None = None, fuse="none"):
         """``where`` names the layers in errors: the config key of their list (``model.layers``),
         or, with ``listed=False``, what made them when the config does not list them (a zoo
         model's: ``model.zoo (lenet)``). ``device_kind``: the device the net will run on
         (``Layer.setup``), or None for a net that may run on either (workspace for both).
-        ``fuse``: in-place ReLUs folded into the layer before them (``minilms.fusion``), after
-        the layers are checked as written; ``fused`` maps each folded ReLU to its layer."""
+        ``fuse``: in-place ReLUs folded into the layer before them (``minilms.fusion``: ``"auto"``,
+        ``"all"`` or True, ``"none"`` or False), after the layers are checked as written;
+        ``fused`` maps each folded ReLU to its layer."""
         self.device_kind, self.fuse = device_kind, fuse
         self.specs, self.where, self.listed = layer_specs, where, listed
         self.inputs = {name: (tuple(shape), np.dtype(dtype))
@@ -149,8 +150,7 @@ class Net:
         self._position = {name: i for i, name in enumerate(names)}
         self.layers = self._ordered(built)
         self.fused: dict = {}
-        if fuse:
-            self.layers, self.fused = fuse_relu(self.layers)
+        self.layers, self.fused = fuse_relu(self.layers, fuse)
         self.layer = {layer.name: layer for layer in self.layers}
         self.blobs: dict[str, BlobInfo] = {
             name: BlobInfo(name, shape, dtype, "input")

@@ -4,8 +4,8 @@ PyTorch on the CPU, with the same threads, against the machine's SGEMM rate meas
     python scripts/bench_fullsize.py [--cases resnet50:224:8 resnet152:224:16 ...]
                                      [--iters 3] [--runs 2] [--rounds 1] [--warmup 1]
                                      [--pool-fraction 8]
-                                     [--torch-python PATH] [--no-torch] [--big] [--no-fuse]
-                                     [--smoke]
+                                     [--torch-python PATH] [--no-torch] [--big]
+                                     [--fuse auto|all|none] [--smoke]
 
 Each case is ``model:image size:batch``. Each contender runs in a process of its own, one after
 another (never side by side: two cores): the process builds the net, times ``--runs`` runs of
@@ -77,7 +77,7 @@ def build(case, np):
     layers = zoo.MODELS[model](num_classes=classes, width=case.get("width", 1))
     net = Net(layers, {"data": ((batch, 3, size, size), np.float32),
                        "label": ((batch,), np.int32)}, device_kind="cpu",   # as a config's:
-              fuse=case.get("fuse", True))                                  # model.fuse
+              fuse=case.get("fuse", "auto"))                                # model.fuse
     rng = np.random.default_rng(0)
     inputs = {"data": rng.random((batch, 3, size, size), dtype=np.float32),
               "label": rng.integers(0, classes, batch).astype(np.int32)}
@@ -233,8 +233,8 @@ def main(argv=None) -> int:
     p.add_argument("--torch-python", default=None, help="an interpreter that has torch")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--big", action="store_true", help="add GoogLeNet at 2240x2240, LMS on")
-    p.add_argument("--no-fuse", action="store_true",
-                   help="minilms without layer fusion (a config's model.fuse: false)")
+    p.add_argument("--fuse", choices=("auto", "all", "none"), default="auto",
+                   help="minilms' layer fusion, as a config's model.fuse (default auto)")
     p.add_argument("--smoke", action="store_true", help="tiny and quick: for the test suite")
     p.add_argument("--worker", nargs=2, metavar=("KIND", "CASE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -274,7 +274,7 @@ def main(argv=None) -> int:
     summary = []
     for case in cases:
         case.update(iters=args.iters, runs=args.runs, warmup=args.warmup, threads=threads,
-                    fraction=args.pool_fraction, fuse=not args.no_fuse)
+                    fraction=args.pool_fraction, fuse=args.fuse)
         name = f"{case['model']} {case['size']} b{case['batch']}"
         contenders = []
         if python and not case.get("only_lms"):

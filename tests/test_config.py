@@ -54,7 +54,7 @@ def test_a_minimal_config_gets_every_default(tmp_path):
     assert config.to_dict() == {
         "name": "quick", "seed": 0, "run_dir": None, "init_weights": None, "trace": False,
         "model": {"zoo": "lenet", "options": {"num_classes": None, "width": 1}, "layers": None,
-                  "fuse": True},
+                  "fuse": "auto"},
         "data": {"dataset": "shapes", "root": None, "image_size": 32, "channels": 3,
                  "num_classes": None, "train_size": 2000, "val_size": 500, "batch_size": 32,
                  "augment": {"crop_padding": 0, "flip": False, "normalize": True}, "prefetch": 2},
@@ -141,7 +141,7 @@ TYPE_CASES = [
     ("model.zoo", "vgg", "one of lenet, resnet18, resnet34, resnet50, resnet101, resnet152, "
      "googlenet, resnet1001, chain64, or null", "'vgg'"),
     ("model.options.num_classes", "1", "an integer >= 2, or null", "1"),
-    ("model.fuse", "maybe", "true or false", "'maybe'"),
+    ("model.fuse", "maybe", "one of auto, all, none", "'maybe'"),
     ("model.options.width", "0", "an integer >= 1", "0"),
     ("model.layers", "5", "a non-empty list of layers, each a mapping with a name and a type, "
      "or null", "5"),

@@ -61,6 +61,21 @@ def test_every_relu_of_a_resnet_folds_into_its_add_or_its_batch_norm():
     assert "conv1_bn" not in step.reads + step.updates
 
 
+def test_auto_folds_only_where_no_step_then_holds_more():
+    """``auto``: a batch norm's backward makes the mask again from its input (it reads what it
+    read before), a residual add's would read its top as well: only the former folds."""
+    layers = zoo.resnet(50, num_classes=4, width=16)
+    inputs = {"data": ((2, 3, 32, 32), np.float32), "label": ((2,), np.int32)}
+    auto, every = Net(layers, inputs, fuse="auto"), Net(layers, inputs, fuse="all")
+    assert {auto.layer[name].type for name in auto.fused.values()} == {"BatchNorm"}
+    assert len(auto.fused) == 33 and set(auto.fused) < set(every.fused)
+    for name in auto.fused.values():
+        assert auto.layer[name].backward_reads == Net(layers, inputs).layer[name].backward_reads
+    assert Net(layers, inputs, fuse=False).fused == {} and Net(layers, inputs, fuse=True).fused
+    with pytest.raises(ValueError, match="fuse: expected one of auto, all, none"):
+        Net(layers, inputs, fuse="some")
+
+
 def test_a_relu_folds_only_in_place_and_right_after_the_layer_that_made_its_blob():
     base = [{"name": "c1", "type": "Convolution", "bottom": "data", "top": "a", "num_output": 2,
              "kernel_size": 1},
@@ -93,8 +108,10 @@ def test_a_relu_folds_only_in_place_and_right_after_the_layer_that_made_its_blob
 def test_model_fuse_in_a_config_and_errors_name_the_listed_layer(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("model: {zoo: resnet18, options: {width: 16}}\ndata: {image_size: 32}\n")
-    assert len(build_net(load_config(config)).fused) == 17     # 8 adds', 9 batch norms' ReLUs
-    assert build_net(load_config(config, ["model.fuse=false"])).fused == {}
+    fused = build_net(load_config(config)).fused             # auto: the batch norms' 9 ReLUs
+    assert len(fused) == 9 and all(name.endswith("_bn") for name in fused.values())
+    assert len(build_net(load_config(config, ["model.fuse=all"])).fused) == 17   # and 8 adds'
+    assert build_net(load_config(config, ["model.fuse=none"])).fused == {}
     listed = tmp_path / "listed.yaml"
     listed.write_text(
         "model:\n  layers:\n"

@@ -210,7 +210,9 @@ SCHEMA = Section(
         (Caffe-style layer mappings, kept as written; the net builder checks their options).
         ``options.num_classes`` null means the dataset's; ``width`` divides every channel count.
         ``fuse``: each in-place ReLU runs in the pass of the layer before it where that layer can
-        take it (a residual add's: ``minilms.fusion``), the same numbers in fewer passes.""",
+        take it, the same numbers in fewer passes (``minilms.fusion``): ``auto`` where no step
+        then holds more (batch norms), ``all`` residual adds too (faster; a fused add's backward
+        holds one blob more), ``none`` the layers as written.""",
         zoo=Field(nullable(choice(*ZOO_MODELS)), None),
         options=Section(
             """Arguments of the zoo model: how many classes it tells apart, its width divisor.""",
@@ -218,7 +220,7 @@ SCHEMA = Section(
             width=Field(integer(1), 1),
         ),
         layers=Field(nullable(LAYERS), None),
-        fuse=Field(BOOL, True),
+        fuse=Field(choice("auto", "all", "none"), "auto"),
     ),
     data=Section(
         f"""The dataset and how batches are made. ``root`` is where files are (required for
