@@ -149,7 +149,6 @@ class Net:
                 raise ConfigError(f"{where}[{i}].name", "a layer name used once", name)
         self._position = {name: i for i, name in enumerate(names)}
         self.layers = self._ordered(built)
-        self.fused: dict = {}
         self.layers, self.fused = fuse_relu(self.layers, fuse)
         self.layer = {layer.name: layer for layer in self.layers}
         self.blobs: dict[str, BlobInfo] = {

@@ -337,7 +337,7 @@ def backward_relu_cpu(x, dy, gamma, beta, mean, invstd, dx, dgamma, dbeta):
                 s_dy += dy_row[j]
                 s_dy_x += np.float64(dy_row[j]) * np.float64(x_row[j])
         s_dy_xhat = (s_dy_x - np.float64(mu) * s_dy) * inv
-        g = gamma[c] * inv
+        g = gamma[c] * inv          # gm's value, made where backward_cpu makes it: see above
         shift = x.dtype.type(g * s_dy / m)
         slope = x.dtype.type(g * inv * s_dy_xhat / m)
         # masked again, not read back from dx: a loop in place does not vectorise

@@ -235,25 +235,22 @@ class BatchNorm(Layer):
         wanted = dgamma is not None
         if not wanted:
             dgamma, dbeta = io.work["dweight"], io.work["dbias"]
-        gamma = io.params["weight"] if self.affine else io.work["weight"]
+        gamma, beta = self._gamma_beta(io)
         if dx is None:
             if wanted:
-                self._mask(io)
+                if self.relu:
+                    self._mask(io, gamma, beta)
                 batchnorm_param_grads(x, dy, mean, invstd, dgamma, dbeta, io.stream,
                                       io.work.get("stats"))
             return
-        if not self.affine:
-            fill(gamma, 1.0, io.stream)
-        beta = self._gamma_beta(io)[1] if self.relu else None
         batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, io.stream,
-                           io.work.get("stats"), beta)
+                           io.work.get("stats"), beta if self.relu else None)
 
-    def _mask(self, io) -> None:
-        """With a fused ReLU: the top's gradient (or its chunk) masked in place."""
-        if self.relu:
-            gamma, beta = self._gamma_beta(io)
-            batchnorm_relu_mask(io.bottom[0], gamma, beta, io.saved["mean"], io.saved["invstd"],
-                                io.top_grad[0], io.top_grad[0], io.stream)
+    @staticmethod
+    def _mask(io, gamma, beta) -> None:
+        """A fused ReLU's mask: the top's gradient (or its chunk) masked in place."""
+        batchnorm_relu_mask(io.bottom[0], gamma, beta, io.saved["mean"], io.saved["invstd"],
+                            io.top_grad[0], io.top_grad[0], io.stream)
 
 
     # -- a training step split along the batch (minilms.layers.split) ----------------------------
@@ -302,7 +299,8 @@ class BatchNorm(Layer):
             raise ShapeError(self, "backward", "a training-mode step (batch statistics)",
                              "a test-mode step")
         if self._grads(io)[2]:
-            self._mask(io)
+            if self.relu:
+                self._mask(io, *self._gamma_beta(io))
             batchnorm_split_grad_sums(io.bottom[0], io.top_grad[0], io.chunk[0], io.saved["mean"],
                                       io.saved["invstd"], io.work.get("stats"),
                                       io.bottom_grad[0] is not None, io.stream)
