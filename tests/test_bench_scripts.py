@@ -123,6 +123,17 @@ def test_bench_blas_smoke(capsys):
     assert mkl.chosen() == before
 
 
+def test_bench_windows_smoke(capsys):
+    """Each path a row per layer shape and pass, the windows' ratios and the engine's choice;
+    then a row per net, its iterations with the windows and without (numbers never asserted)."""
+    assert run_script("bench_windows.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    for label in ("forward", "backward"):
+        assert re.search(rf"^res2a_2 +2x4x8x8 3x3/1 +{label} +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+x "
+                         r"+[\d.]+x +(yes|no)$", out, re.M), out
+    assert re.search(r"^resnet50 32 b2 +\d+ +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
+
+
 def test_bench_fullsize_says_why_pytorch_does_not_run(tmp_path):
     """An interpreter without torch, and one with torch where minilms does not import (the
     PyTorch worker builds its net with minilms' zoo): each named, with what to do."""

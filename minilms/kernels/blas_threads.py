@@ -35,7 +35,7 @@ import numpy as np
 
 from . import mkl
 
-__all__ = ["MIN_FLOPS", "matmul", "parts"]
+__all__ = ["MIN_FLOPS", "matmul", "parts", "run_workers"]
 
 MIN_FLOPS = 2e7     # about 0.1 ms of BLAS work: smaller products stay in one call
 
@@ -100,32 +100,55 @@ def _piece(a, b, out, axis, start, stop):
     return a, b[..., start:stop], out[..., start:stop]
 
 
-def matmul(a, b, out=None):
-    """``a @ b`` into ``out`` (made where None; 2-D or 3-D as ``numpy.matmul``); returns it."""
+def matmul(a, b, out=None, accumulate: bool = False):
+    """``a @ b`` into ``out`` (made where None; 2-D or 3-D as ``numpy.matmul``); returns it.
+    ``accumulate``: ``out += a @ b`` (``out`` given)."""
     if out is None:
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         out = np.empty(batch + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
     threads = numba.get_num_threads()
     libraries = _libraries()
+    extra = (True,) if accumulate else ()
     if (threads < 2 or not libraries or out.ndim not in (2, 3)
             or 2.0 * out.size * a.shape[-1] < MIN_FLOPS):
-        _product(a, b, out, mkl.library_for(a, out))
+        _product(a, b, out, mkl.library_for(a, out), *extra)
         return out
     library = mkl.library_for(a, out)       # the whole call's: every piece runs where it would
     pieces = [_piece(a, b, out, *p) for p in parts(out.shape, threads)]
     if len(pieces) < 2:
-        _product(a, b, out, library)
+        _product(a, b, out, library, *extra)
         return out
     _hold_blas(libraries)
     try:
-        pending = [_pool(len(pieces) - 1).submit(_product, *piece, library)
+        pending = [_pool(len(pieces) - 1).submit(_product, *piece, library, *extra)
                    for piece in pieces[1:]]
-        _product(*pieces[0], library)
+        _product(*pieces[0], library, *extra)
         for job in pending:
             job.result()
     finally:
         _release_blas(libraries)
     return out
+
+
+def run_workers(work, count: int) -> None:
+    """``work(i)`` for ``i`` in ``0 .. count - 1``, one call per thread (the calling thread takes
+    ``work(0)``), BLAS held to one thread meanwhile: for a caller that deals out whole pipelines
+    of its own (a sample's copy, GEMMs and gather, each worker in its own core's cache). ``work``
+    must release the GIL for its heavy parts (numpy, BLAS, ``nogil`` kernels) and call no
+    parallel Numba kernel (one threading layer does not take calls from two threads at once)."""
+    if count < 2:
+        if count == 1:
+            work(0)
+        return
+    libraries = _libraries()
+    _hold_blas(libraries)
+    try:
+        pending = [_pool(count - 1).submit(work, i) for i in range(1, count)]
+        work(0)
+        for job in pending:
+            job.result()
+    finally:
+        _release_blas(libraries)
 
 
 def _hold_blas(libraries) -> None:
@@ -147,5 +170,5 @@ def _release_blas(libraries) -> None:
                 library.set_num_threads(count)
 
 
-def _product(a, b, out, library):
-    mkl.product(a, b, out, library)
+def _product(a, b, out, library, accumulate=False):
+    mkl.product(a, b, out, library, accumulate)

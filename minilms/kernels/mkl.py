@@ -132,8 +132,9 @@ def _operand(matrix, itemsize):
     return None
 
 
-def _gemm(a, b, out) -> bool:
-    """``out = a @ b`` for 2-D views by MKL; False (nothing written) where it cannot."""
+def _gemm(a, b, out, beta: float = 0.0) -> bool:
+    """``out = a @ b + beta * out`` for 2-D views by MKL; False (nothing written) where it
+    cannot."""
     m, k = a.shape
     n = b.shape[1]
     if min(m, n, k) == 0 or not a.dtype == b.dtype == out.dtype:
@@ -145,7 +146,7 @@ def _gemm(a, b, out) -> bool:
     library = _state["library"]     # loaded: MKL is chosen
     function = library.cblas_sgemm if out.dtype == np.float32 else library.cblas_dgemm
     function(_ROW_MAJOR, op_a[0], op_b[0], m, n, k, 1.0, a.ctypes.data, op_a[1], b.ctypes.data,
-             op_b[1], 0.0, out.ctypes.data, op_out[1])
+             op_b[1], beta, out.ctypes.data, op_out[1])
     return True
 
 
@@ -159,22 +160,31 @@ def library_for(a, out) -> str:
     return "mkl"
 
 
-def product(a, b, out, library: str | None = None) -> None:
+def product(a, b, out, library: str | None = None, accumulate: bool = False) -> None:
     """``numpy.matmul(a, b, out=out)`` for 2-D or 3-D operands (a 2-D one goes with every product
     of a batch), on ``library`` (default ``library_for`` this call): a ``cblas_?gemm`` per
-    product on MKL."""
+    product on MKL. ``accumulate``: ``out += a @ b`` instead (MKL's ``beta = 1``; elsewhere
+    through a temporary)."""
     if (library or library_for(a, out)) != "mkl":
-        np.matmul(a, b, out=out)
+        _numpy_product(a, b, out, accumulate)
         return
+    beta = (1.0,) if accumulate else ()
     if out.ndim == 2:
-        if a.ndim != 2 or b.ndim != 2 or not _gemm(a, b, out):
-            np.matmul(a, b, out=out)
+        if a.ndim != 2 or b.ndim != 2 or not _gemm(a, b, out, *beta):
+            _numpy_product(a, b, out, accumulate)
         return
     for i in range(out.shape[0]):
         a_i = a if a.ndim == 2 else a[i if a.shape[0] > 1 else 0]
         b_i = b if b.ndim == 2 else b[i if b.shape[0] > 1 else 0]
-        if not _gemm(a_i, b_i, out[i]):
-            np.matmul(a_i, b_i, out=out[i])
+        if not _gemm(a_i, b_i, out[i], *beta):
+            _numpy_product(a_i, b_i, out[i], accumulate)
+
+
+def _numpy_product(a, b, out, accumulate: bool) -> None:
+    if accumulate:
+        out += np.matmul(a, b)
+    else:
+        np.matmul(a, b, out=out)
 
 
 def _prime() -> None:

@@ -146,3 +146,37 @@ def test_a_forked_child_deals_out_with_threads_of_its_own(three_threads):
         os._exit(0 if np.array_equal(mine, out) else 1)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_run_workers_runs_each_worker_once_with_blas_on_one_thread(three_threads):
+    """Each index once, on as many threads as workers (the caller takes 0), BLAS held to one
+    thread meanwhile and given back after; a worker's error reaches the caller."""
+    import threading
+    libraries = blas_threads._libraries()
+    before = [lib.num_threads for lib in libraries]
+    seen, lock = [], threading.Lock()
+    together = threading.Barrier(3, timeout=10)     # all three at once, or it breaks
+
+    def work(i):
+        with lock:
+            seen.append((i, threading.get_ident(), [lib.num_threads for lib in libraries]))
+        if together is not None:
+            together.wait()
+    blas_threads.run_workers(work, 3)
+    assert sorted(i for i, _, _ in seen) == [0, 1, 2]
+    assert len({thread for _, thread, _ in seen}) == 3
+    assert dict((i, t) for i, t, _ in seen)[0] == threading.get_ident()
+    assert all(counts == [1] * len(libraries) for _, _, counts in seen)
+    assert [lib.num_threads for lib in libraries] == before
+
+    def broken(i):
+        if i == 1:
+            raise ValueError("worker 1")
+    with pytest.raises(ValueError, match="worker 1"):
+        blas_threads.run_workers(broken, 2)
+    assert [lib.num_threads for lib in libraries] == before
+    assert blas_threads._shared["active"] == 0
+    seen.clear()
+    together = None
+    blas_threads.run_workers(work, 1)
+    assert [i for i, _, _ in seen] == [0]

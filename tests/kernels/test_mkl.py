@@ -288,3 +288,28 @@ def test_mkl_loads_with_the_import_unless_openblas_is_asked_for(blas, loaded):
                           env={**os.environ, "MINILMS_BLAS": blas}, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [loaded]
+
+
+@pytest.mark.parametrize("library", ["mkl", "openblas"])
+def test_accumulate_adds_the_product_to_out(monkeypatch, library):
+    """``accumulate``: ``out += a @ b`` (MKL's beta of 1, numpy's through a temporary), for a 2-D
+    product into a window of a larger array (the row windows' way) and a batch."""
+    if library == "mkl" and not mkl.available():
+        pytest.skip("no libmkl_rt here: pip install mkl (the test extra brings it)")
+    monkeypatch.setitem(mkl._state, "chosen", library)
+    monkeypatch.setattr(mkl, "MIN_FLOPS", 0)
+    rng = np.random.default_rng(11)
+    a, b = _random(rng, (12, 20)), _random(rng, (20, 40))
+    room = _random(rng, (12, 50))
+    window = room[:, 7:47]
+    want = window.astype(np.float64) + a.astype(np.float64) @ b
+    outside = room[:, :7].copy(), room[:, 47:].copy()
+    mkl.product(a, b, window, accumulate=True)
+    np.testing.assert_allclose(window, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(room[:, :7], outside[0])
+    np.testing.assert_array_equal(room[:, 47:], outside[1])
+    batch_a, batch_b = _random(rng, (3, 12, 20)), _random(rng, (3, 20, 8))
+    out = _random(rng, (3, 12, 8))
+    want = out.astype(np.float64) + np.matmul(batch_a.astype(np.float64), batch_b)
+    mkl.product(batch_a, batch_b, out, accumulate=True)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

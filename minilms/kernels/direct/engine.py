@@ -5,15 +5,17 @@ float32 elements the layer's workspace must hold on top of its own needs), ``for
 ``backward``. It takes what it does faster than im2col + GEMM and leaves the rest to the layer:
 ``forward`` says whether it wrote ``y``; ``backward`` returns the gradients it did not compute
 (None where it wrote them), which the layer then computes by im2col + GEMM. Which path is faster
-was measured per kernel shape (``scripts/bench_kernels.py``; ``docs/benchmarks.md``) and is
-written down in the ``*_pays`` rules of ``conv``, ``input_grad`` and ``weight_grad``.
+was measured per kernel shape (``scripts/bench_kernels.py``, ``scripts/bench_windows.py``;
+``docs/benchmarks.md``) and is written down in the ``pays`` rules of ``windows``, ``conv``,
+``input_grad`` and ``weight_grad``. 1x1 convolutions go to ``pointwise``; then, where they pay,
+the row windows take a layer whole; what is left goes kernel by kernel.
 
 It covers float32 convolutions without groups on the ``cpu`` device; anything else (float64, the
 gradient checks; groups; ``cuda``) is left whole to the reference.
 """
 from ..im2col import conv_out_size
 from ..registry import on_cpu
-from . import conv, input_grad, pointwise, weight_grad
+from . import conv, input_grad, pointwise, weight_grad, windows
 from .vector_ir import VL
 
 __all__ = ["DirectConvolution"]
@@ -33,6 +35,7 @@ class DirectConvolution:
         self.geometry, self.groups, self.chunk = geometry, groups, chunk
         self.elements = 0
         self.pointwise = bool(chunk) and pointwise.applies(weight_shape, geometry)
+        self.window_slots = 0       # > 0: the row windows run it all, with this many workers
         # which input gradient runs here ("direct", "lanes", or None: im2col + GEMM's), and
         # whether the weight gradient does: the backward leaves the rest to the layer
         self.dx_path, self.dw_direct, self.forward_direct = None, False, False
@@ -45,6 +48,13 @@ class DirectConvolution:
         if self.pointwise:
             self.elements = pointwise.workspace_elements(x_shape, out, out_h * out_w, chunk,
                                                          strided=(sh, sw) != (1, 1))
+            return
+        if windows.pays(weight_shape, geometry, out_h * out_w):
+            self.window_slots = windows.slot_count(x_shape, weight_shape, geometry,
+                                                   max_workspace // 4)
+        if self.window_slots:
+            self.elements = windows.workspace_elements(x_shape, weight_shape, geometry,
+                                                       self.window_slots)
             return
         self.dw_direct = weight_grad.weight_grad_pays(weight_shape, out_h * out_w)
         self.forward_direct = conv.forward_pays(weight_shape, out_h * out_w)
@@ -68,8 +78,9 @@ class DirectConvolution:
     def covers_all(self) -> bool:
         """Whether this engine runs every part of the forward and the backward here (float32,
         no groups, on the ``cpu`` device), so the layer needs no workspace of its own there."""
-        return self.chunk >= 1 and self.groups == 1 and (self.pointwise or (
-            self.forward_direct and self.dx_path is not None and self.dw_direct))
+        return self.chunk >= 1 and self.groups == 1 and (
+            self.pointwise or self.window_slots > 0 or (
+                self.forward_direct and self.dx_path is not None and self.dw_direct))
 
     def _applies(self, array) -> bool:
         return on_cpu(array) and conv.supports(array.dtype, self.groups)
@@ -81,6 +92,9 @@ class DirectConvolution:
             return False
         if self.pointwise:
             pointwise.forward(x, weight, bias, y, work, self.chunk, self.geometry)
+            return True
+        if self.window_slots:
+            windows.forward(x, weight, bias, y, work, self.window_slots, self.geometry)
             return True
         chunk = conv.chunk_size(x.shape, self.geometry, work.size)
         if chunk < 1 or not self.forward_direct:
@@ -98,6 +112,10 @@ class DirectConvolution:
                 pointwise.input_grad(dy, weight, dx, work, self.chunk, self.geometry)
             if dweight is not None or dbias is not None:
                 pointwise.weight_grad(x, dy, dweight, dbias, work, self.chunk, self.geometry)
+            return None, None, None
+        if self.window_slots:
+            windows.backward(x, dy, weight, dx, dweight, dbias, work, self.window_slots,
+                             self.geometry)
             return None, None, None
         # The direct kernels run first: run after a GEMM, they would share the cores with
         # OpenBLAS's workers, which spin for a while after a call.

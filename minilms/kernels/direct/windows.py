@@ -1,0 +1,255 @@
+"""Convolutions of vertical stride 1 as GEMMs over row windows: ``kw`` shifted copies of the
+input, not im2col's ``kh * kw``.
+
+With a vertical stride of 1, output row ``oh`` at tap row ``i`` reads padded input row ``oh + i *
+dh``. Copy a sample's input once per horizontal tap ``j`` (``R = H + 2 * ph`` padded rows)::
+
+    xw[(c, j), r, ow] = x_padded[c, r, ow * sw + j * dw]          [C * kw, R * OW]
+
+Output ``p = oh * OW + ow`` at tap ``(i, j)`` then reads ``xw[(c, j), p + i * dh * OW]``: tap row
+``i``'s columns are a *window* of ``xw``, ``i * dh * OW`` columns along, a matrix BLAS reads where
+it lies (its rows ``R * OW`` apart). With ``W_i[o, (c, j)] = weight[o, c, i, j]``, per sample::
+
+    y          = sum_i W_i @ window_i(xw)                           kh GEMMs, inner C * kw
+    dW_i      += dy @ window_i(xw)^T                                kh GEMMs, inner P
+    window_i(dxw) += W_i^T @ dy;   dx[c, h, w] = sum_j dxw[(c, j), h + ph, ow]
+                                          over the ow with ow * sw + j * dw - pw = w
+
+Against im2col + GEMM (``conv_cpu``): the same GEMM work in ``kh`` calls, a copy ``kw`` times the
+input where im2col writes ``kh * kw`` times it, and a gather of ``kw`` taps where col2im adds
+``kh * kw``. And each sample goes through whole on one core (``blas_threads.run_workers``: its
+copy, GEMMs and gather, single-threaded BLAS), so its ``xw`` is written and read in that core's
+cache; im2col + GEMM writes a chunk's columns, then reads them back with BLAS's threads.
+
+Deterministic: the same shapes and threads take the same calls in the same order. The forward
+and ``dx`` are a sample's own (GEMMs of one sample's shapes), so a split step's equal the whole
+step's. ``dW`` is summed per worker, in sample order, then the workers' sums in worker order:
+its bits depend on the thread count (and are regrouped when a step is split), as BLAS's own
+threads' would. Equal to im2col + GEMM up to float32 rounding (the tests compare them).
+"""
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .. import mkl
+from ..blas_threads import run_workers
+from ..im2col import conv_out_size
+from ..registry import cpu_variant
+from .weight_grad import bias_grad
+
+__all__ = ["applies", "pays", "MAX_SLOTS", "slot_count", "workspace_elements", "forward",
+           "backward"]
+
+
+def applies(weight_shape, geometry) -> bool:
+    """A kernel of more than one tap with a vertical stride of 1 (any horizontal stride,
+    padding and dilation)."""
+    (kh, kw), (sh, _), _, _ = geometry
+    return sh == 1 and kh * kw > 1 and len(weight_shape) == 4
+
+
+# Measured (scripts/bench_windows.py; docs/benchmarks.md, session 36), in the net: the windows
+# beat both im2col + GEMM and the direct kernels on planes of at least WINDOWS_PLANE outputs with
+# at least WINDOWS_CHANNELS input channels (ResNet-50's and GoogLeNet's 3x3s at 56x56 and
+# 28x28). On 14x14 planes they won alone and lost in the net; on 7x7 a sample's GEMMs are too
+# short (im2col + GEMM wins), and with 16-32 channels (GoogLeNet's 5x5s) the direct kernels do.
+WINDOWS_PLANE = 28 * 28
+WINDOWS_CHANNELS = 48
+
+
+def pays(weight_shape, geometry, out_plane: int) -> bool:
+    out, channels, kh, kw = weight_shape
+    return applies(weight_shape, geometry) and out_plane >= WINDOWS_PLANE and \
+        channels >= WINDOWS_CHANNELS
+
+
+def _sizes(x_shape, weight_shape, geometry):
+    """``(rows R, out_h, out_w, a sample's xw elements, its dy elements, the weight's)``."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
+    channels, height, width = x_shape[1:]
+    out = weight_shape[0]
+    rows = height + 2 * ph
+    out_h, out_w = conv_out_size(height, kh, sh, ph, dh), conv_out_size(width, kw, sw, pw, dw)
+    return (rows, out_h, out_w, channels * kw * rows * out_w, out * rows * out_w,
+            out * channels * kh * kw)
+
+
+# At most this many workers (a slot each in the workspace). A fixed number, not the threads': the
+# workspace, and so a plan, must not depend on the machine that makes it. More slots than
+# threads stand empty (a sample's xw each).
+MAX_SLOTS = 8
+
+
+def workspace_elements(x_shape, weight_shape, geometry, slots: int) -> int:
+    """Float32 elements for ``slots`` workers: the reordered weight and the weight gradient's
+    ``[kh, O, C * kw]``, then a slot per worker for the ``xw`` of the sample it is on (``dxw``
+    after it)."""
+    _, _, _, copy, _, weight = _sizes(x_shape, weight_shape, geometry)
+    return 2 * weight + slots * copy
+
+
+def slot_count(x_shape, weight_shape, geometry, elements: int) -> int:
+    """The slots ``elements`` hold: at most ``MAX_SLOTS`` and the batch (0: not even one)."""
+    _, _, _, copy, _, weight = _sizes(x_shape, weight_shape, geometry)
+    return max(0, min(x_shape[0], MAX_SLOTS, (elements - 2 * weight) // copy))
+
+
+def _shift_copy(x, xw, sw, ph, pw, dw):
+    """``xw[c, j, r, ow] = x_padded[c, r, ow * sw + j * dw]`` (0 in the padding) for one sample's
+    ``x [C, H, W]`` and ``xw [C, kw, R, OW]``."""
+    channels, height, width = x.shape
+    copies, rows, out_w = xw.shape[1], xw.shape[2], xw.shape[3]
+    for c in range(channels):
+        for j in range(copies):
+            for r in range(rows):
+                h = r - ph
+                dst = xw[c, j, r]
+                if 0 <= h < height:
+                    src = x[c, h]
+                    # A test per element, as in im2col: loops split at the padding were 2-3x
+                    # slower here (measured: their short runs become library calls).
+                    for ow in range(out_w):
+                        w = ow * sw + j * dw - pw
+                        dst[ow] = src[w] if 0 <= w < width else 0
+                else:
+                    for ow in range(out_w):
+                        dst[ow] = 0
+
+
+def _gather_taps(dxw, dx, sw, ph, pw, dw):
+    """``dx[c, h, w] = sum_j dxw[c, j, h + ph, ow]`` over the ``ow`` with ``ow * sw + j * dw - pw
+    = w`` (``dx`` written), for one sample: ``shift_copy``'s adjoint, taps added in order."""
+    channels, height, width = dx.shape
+    copies, out_w = dxw.shape[1], dxw.shape[3]
+    for c in range(channels):
+        img = dx[c]
+        for h in range(height):
+            for w in range(width):
+                img[h, w] = 0
+        for j in range(copies):
+            for h in range(height):
+                src = dxw[c, j, h + ph]
+                row = img[h]
+                for ow in range(out_w):     # a test per element, as in shift_copy
+                    w = ow * sw + j * dw - pw
+                    if 0 <= w < width:
+                        row[w] += src[ow]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def reorder_taps(weight, reordered):
+    """``reordered[i, o, c * kw + j] = weight[o, c, i, j]``: ``W_i``, a task per output."""
+    out, channels, kh, kw = weight.shape
+    for o in prange(out):
+        for c in range(channels):
+            for i in range(kh):
+                for j in range(kw):
+                    reordered[i, o, c * kw + j] = weight[o, c, i, j]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def restore_taps(grouped, weight):
+    """``weight[o, c, i, j] = grouped[i, o, c * kw + j]``: ``reorder_taps``' inverse."""
+    out, channels, kh, kw = weight.shape
+    for o in prange(out):
+        for c in range(channels):
+            for i in range(kh):
+                for j in range(kw):
+                    weight[o, c, i, j] = grouped[i, o, c * kw + j]
+
+
+shift_copy = cpu_variant(_shift_copy, "serial", False)
+gather_taps = cpu_variant(_gather_taps, "serial", False)
+
+
+class _Shape:
+    """One layer shape's sizes and the workspace's arrays: ``reordered`` (``W_i``, ``[kh, O, C *
+    kw]``), ``grouped`` (``dW`` in that order) and ``slots`` workers' ``xw [C * kw, R * OW]``
+    (the input gradient's ``dxw`` after it)."""
+
+    def __init__(self, work, slots, x_shape, weight_shape, geometry):
+        (kh, kw), (_, self.sw), (self.ph, self.pw), (dh, self.dw) = geometry
+        rows, out_h, out_w, copy, _, weight = _sizes(x_shape, weight_shape, geometry)
+        out, channels = weight_shape[0], x_shape[1]
+        self.kh, self.kw, self.out, self.plane = kh, kw, out, out_h * out_w
+        self.reordered = work[:weight].reshape(kh, out, channels * kw)
+        self.grouped = work[weight:2 * weight].reshape(kh, out, channels * kw)
+        self.copies = work[2 * weight:2 * weight + slots * copy].reshape(
+            slots, channels, kw, rows, out_w)
+        self.offsets = [i * dh * out_w for i in range(kh)]
+
+    def windows(self, slot):
+        """Slot ``slot``'s ``xw`` as 4-D (for the copy and the gather) and 2-D."""
+        xw = self.copies[slot]
+        return xw, xw.reshape(-1, xw.shape[2] * xw.shape[3])
+
+
+def _deal(samples: int, slots: int):
+    """Each worker's samples, a contiguous run ``(first, stop)`` each: a worker per thread, at
+    most one per slot (a worker uses its own slot, ``t``, for every sample it takes)."""
+    workers = max(1, min(numba.get_num_threads(), slots, samples))
+    return [(samples * t // workers, samples * (t + 1) // workers) for t in range(workers)]
+
+
+def forward(x, weight, bias, y, work, slots, geometry) -> None:
+    """``y = conv(x, weight) + bias`` (bias may be None) through ``work``
+    (``workspace_elements`` for ``slots``)."""
+    shape = _Shape(work, slots, x.shape, weight.shape, geometry)
+    reorder_taps(weight, shape.reordered)
+    out, plane = shape.out, shape.plane
+    library = mkl.library_for(shape.reordered[0], y[0].reshape(out, plane))
+    runs = _deal(x.shape[0], slots)
+
+    def worker(t):
+        xw, flat = shape.windows(t)
+        for n in range(*runs[t]):
+            shift_copy(x[n], xw, shape.sw, shape.ph, shape.pw, shape.dw)
+            top = y[n].reshape(out, plane)
+            for i, at in enumerate(shape.offsets):
+                mkl.product(shape.reordered[i], flat[:, at:at + plane], top, library, i > 0)
+            if bias is not None:
+                top += bias.reshape(out, 1)
+
+    run_workers(worker, len(runs))
+
+
+def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry) -> None:
+    """The gradients (each overwritten; None where not wanted) through ``work``
+    (``workspace_elements`` for ``slots``)."""
+    samples = x.shape[0]
+    shape = _Shape(work, slots, x.shape, weight.shape, geometry)
+    out, plane = shape.out, shape.plane
+    if dbias is not None:
+        bias_grad(dy.reshape(samples, out, plane), dbias)
+    if dx is None and dweight is None:
+        return
+    if dx is not None:
+        reorder_taps(weight, shape.reordered)
+    library = mkl.library_for(shape.reordered[0], dy[0].reshape(out, plane))
+    runs = _deal(samples, slots)
+    # a worker's dW sum: the first's in the workspace, the others' temporaries (their number is
+    # the threads', which the plan does not know; each is the weight's size)
+    sums = [shape.grouped] + [np.empty_like(shape.grouped) for _ in runs[1:]] \
+        if dweight is not None else []
+
+    def worker(t):
+        xw, flat = shape.windows(t)
+        for n in range(*runs[t]):
+            grad = dy[n].reshape(out, plane)
+            if dweight is not None:
+                shift_copy(x[n], xw, shape.sw, shape.ph, shape.pw, shape.dw)
+                for i, at in enumerate(shape.offsets):
+                    mkl.product(grad, flat[:, at:at + plane].T, sums[t][i], library,
+                                n > runs[t][0])
+            if dx is not None:      # xw's room, done with: dxw
+                flat[:, plane:] = 0     # the columns only the later windows reach
+                for i, at in enumerate(shape.offsets):
+                    mkl.product(shape.reordered[i].T, grad, flat[:, at:at + plane],
+                                library, i > 0)
+                gather_taps(xw, dx[n], shape.sw, shape.ph, shape.pw, shape.dw)
+
+    run_workers(worker, len(runs))
+    if dweight is not None:
+        for other in sums[1:]:
+            shape.grouped += other
+        restore_taps(shape.grouped, dweight)
