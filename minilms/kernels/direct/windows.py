@@ -1,25 +1,27 @@
-"""Convolutions of vertical stride 1 as GEMMs over row windows: ``kw`` shifted copies of the
-input, not im2col's ``kh * kw``.
+"""Convolutions as GEMMs over row windows: ``kw`` shifted copies of the input, not im2col's
+``kh * kw``.
 
-With a vertical stride of 1, output row ``oh`` at tap row ``i`` reads padded input row ``oh + i *
-dh``. Copy a sample's input once per horizontal tap ``j`` (``R = H + 2 * ph`` padded rows)::
+Output row ``oh`` at tap row ``i`` reads padded input row ``oh * sh + i * dh``. Copy a sample's
+input once per horizontal tap ``j``, its rows in ``sh`` phases of ``Q`` rows each (phase ``p``,
+row ``q``: padded row ``q * sh + p``; one phase of ``R = H + 2 * ph`` rows at stride 1)::
 
-    xw[(c, j), r, ow] = x_padded[c, r, ow * sw + j * dw]          [C * kw, R * OW]
+    xw[(c, j), p * Q + q, ow] = x_padded[c, q * sh + p, ow * sw + j * dw]     [C * kw, sh * Q * OW]
 
-Output ``p = oh * OW + ow`` at tap ``(i, j)`` then reads ``xw[(c, j), p + i * dh * OW]``: tap row
-``i``'s columns are a *window* of ``xw``, ``i * dh * OW`` columns along, a matrix BLAS reads where
-it lies (its rows ``R * OW`` apart). With ``W_i[o, (c, j)] = weight[o, c, i, j]``, per sample::
+Output ``o = oh * OW + ow`` at tap ``(i, j)`` then reads ``xw[(c, j), o + offset_i]``, with
+``offset_i = ((i * dh) % sh * Q + (i * dh) // sh) * OW``: tap row ``i``'s columns are a *window*
+of ``xw``, a matrix BLAS reads where it lies (its rows ``sh * Q * OW`` apart). With ``W_i[o, (c,
+j)] = weight[o, c, i, j]``, per sample::
 
     y          = sum_i W_i @ window_i(xw)                           kh GEMMs, inner C * kw
     dW_i      += dy @ window_i(xw)^T                                kh GEMMs, inner P
-    window_i(dxw) += W_i^T @ dy;   dx[c, h, w] = sum_j dxw[(c, j), h + ph, ow]
-                                          over the ow with ow * sw + j * dw - pw = w
+    window_i(dxw) += W_i^T @ dy;   dx = the copy's adjoint of dxw (a gather of its kw taps)
 
 Against im2col + GEMM (``conv_cpu``): the same GEMM work in ``kh`` calls, a copy ``kw`` times the
-input where im2col writes ``kh * kw`` times it, and a gather of ``kw`` taps where col2im adds
-``kh * kw``. And each sample goes through whole on one core (``blas_threads.run_workers``: its
-copy, GEMMs and gather, single-threaded BLAS), so its ``xw`` is written and read in that core's
-cache; im2col + GEMM writes a chunk's columns, then reads them back with BLAS's threads.
+input (at stride 1; ``kw * sh`` rows per output row at a vertical stride ``sh``) where im2col
+writes ``kh * kw`` times the output plane, and a gather where col2im adds ``kh * kw`` taps. And
+each sample goes through whole on one core (``blas_threads.run_workers``: its copy, GEMMs and
+gather, single-threaded BLAS), so its ``xw`` is written and read in that core's cache; im2col +
+GEMM writes a chunk's columns, then reads them back with BLAS's threads.
 
 Deterministic: the same shapes and threads take the same calls in the same order. The forward
 and ``dx`` are a sample's own (GEMMs of one sample's shapes), so a split step's equal the whole
@@ -42,17 +44,17 @@ __all__ = ["applies", "pays", "MAX_SLOTS", "slot_count", "workspace_elements", "
 
 
 def applies(weight_shape, geometry) -> bool:
-    """A kernel of more than one tap with a vertical stride of 1 (any horizontal stride,
-    padding and dilation)."""
-    (kh, kw), (sh, _), _, _ = geometry
-    return sh == 1 and kh * kw > 1 and len(weight_shape) == 4
+    """A kernel of more than one tap (any stride, padding and dilation)."""
+    (kh, kw), _, _, _ = geometry
+    return kh * kw > 1 and len(weight_shape) == 4
 
 
 # Measured (scripts/bench_windows.py; docs/benchmarks.md, session 36), in the net: the windows
-# beat both im2col + GEMM and the direct kernels on planes of at least WINDOWS_PLANE outputs with
-# at least WINDOWS_CHANNELS input channels (ResNet-50's and GoogLeNet's 3x3s at 56x56 and
-# 28x28). On 14x14 planes they won alone and lost in the net; on 7x7 a sample's GEMMs are too
-# short (im2col + GEMM wins), and with 16-32 channels (GoogLeNet's 5x5s) the direct kernels do.
+# beat both im2col + GEMM and the direct kernels on output planes of at least WINDOWS_PLANE with
+# at least WINDOWS_CHANNELS input channels (ResNet-50's and GoogLeNet's 3x3s at 56x56 and 28x28,
+# and ResNet's stride-2 3x3 from 56x56 to 28x28). On 14x14 planes they won alone and lost in the
+# net; on 7x7 a sample's GEMMs are too short (im2col + GEMM wins), and with 16-32 channels
+# (GoogLeNet's 5x5s) the direct kernels do.
 WINDOWS_PLANE = 28 * 28
 WINDOWS_CHANNELS = 48
 
@@ -64,14 +66,13 @@ def pays(weight_shape, geometry, out_plane: int) -> bool:
 
 
 def _sizes(x_shape, weight_shape, geometry):
-    """``(rows R, out_h, out_w, a sample's xw elements, its dy elements, the weight's)``."""
+    """``(rows of a phase Q, out_h, out_w, a sample's xw elements, the weight's)``."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
     channels, height, width = x_shape[1:]
-    out = weight_shape[0]
-    rows = height + 2 * ph
     out_h, out_w = conv_out_size(height, kh, sh, ph, dh), conv_out_size(width, kw, sw, pw, dw)
-    return (rows, out_h, out_w, channels * kw * rows * out_w, out * rows * out_w,
-            out * channels * kh * kw)
+    rows = out_h + (kh - 1) * dh // sh      # the last tap row's window ends at the last row
+    return (rows, out_h, out_w, channels * kw * sh * rows * out_w,
+            weight_shape[0] * channels * kh * kw)
 
 
 # At most this many workers (a slot each in the workspace). A fixed number, not the threads': the
@@ -84,26 +85,27 @@ def workspace_elements(x_shape, weight_shape, geometry, slots: int) -> int:
     """Float32 elements for ``slots`` workers: the reordered weight and the weight gradient's
     ``[kh, O, C * kw]``, then a slot per worker for the ``xw`` of the sample it is on (``dxw``
     after it)."""
-    _, _, _, copy, _, weight = _sizes(x_shape, weight_shape, geometry)
+    _, _, _, copy, weight = _sizes(x_shape, weight_shape, geometry)
     return 2 * weight + slots * copy
 
 
 def slot_count(x_shape, weight_shape, geometry, elements: int) -> int:
     """The slots ``elements`` hold: at most ``MAX_SLOTS`` and the batch (0: not even one)."""
-    _, _, _, copy, _, weight = _sizes(x_shape, weight_shape, geometry)
+    _, _, _, copy, weight = _sizes(x_shape, weight_shape, geometry)
     return max(0, min(x_shape[0], MAX_SLOTS, (elements - 2 * weight) // copy))
 
 
-def _shift_copy(x, xw, sw, ph, pw, dw):
-    """``xw[c, j, r, ow] = x_padded[c, r, ow * sw + j * dw]`` (0 in the padding) for one sample's
-    ``x [C, H, W]`` and ``xw [C, kw, R, OW]``."""
+def _shift_copy(x, xw, sh, sw, ph, pw, dw):
+    """``xw[c, j, p * Q + q, ow] = x_padded[c, q * sh + p, ow * sw + j * dw]`` (0 in the padding)
+    for one sample's ``x [C, H, W]`` and ``xw [C, kw, sh * Q, OW]``: the rows of phase ``p``."""
     channels, height, width = x.shape
     copies, rows, out_w = xw.shape[1], xw.shape[2], xw.shape[3]
+    per_phase = rows // sh
     for c in range(channels):
         for j in range(copies):
-            for r in range(rows):
-                h = r - ph
-                dst = xw[c, j, r]
+            for at in range(rows):
+                h = (at % per_phase) * sh + at // per_phase - ph
+                dst = xw[c, j, at]
                 if 0 <= h < height:
                     src = x[c, h]
                     # A test per element, as in im2col: loops split at the padding were 2-3x
@@ -116,19 +118,24 @@ def _shift_copy(x, xw, sw, ph, pw, dw):
                         dst[ow] = 0
 
 
-def _gather_taps(dxw, dx, sw, ph, pw, dw):
-    """``dx[c, h, w] = sum_j dxw[c, j, h + ph, ow]`` over the ``ow`` with ``ow * sw + j * dw - pw
-    = w`` (``dx`` written), for one sample: ``shift_copy``'s adjoint, taps added in order."""
+def _gather_taps(dxw, dx, sh, sw, ph, pw, dw):
+    """``dx[c, h, w] = sum of dxw[c, j, p * Q + q, ow]`` over the ``(j, p, q, ow)`` whose
+    ``x_padded[c, q * sh + p, ow * sw + j * dw]`` is ``x[c, h, w]`` (``dx`` written), for one
+    sample: ``shift_copy``'s adjoint, added in the copy's order."""
     channels, height, width = dx.shape
-    copies, out_w = dxw.shape[1], dxw.shape[3]
+    copies, rows, out_w = dxw.shape[1], dxw.shape[2], dxw.shape[3]
+    per_phase = rows // sh
     for c in range(channels):
         img = dx[c]
         for h in range(height):
             for w in range(width):
                 img[h, w] = 0
         for j in range(copies):
-            for h in range(height):
-                src = dxw[c, j, h + ph]
+            for at in range(rows):
+                h = (at % per_phase) * sh + at // per_phase - ph
+                if not 0 <= h < height:
+                    continue
+                src = dxw[c, j, at]
                 row = img[h]
                 for ow in range(out_w):     # a test per element, as in shift_copy
                     w = ow * sw + j * dw - pw
@@ -168,15 +175,16 @@ class _Shape:
     (the input gradient's ``dxw`` after it)."""
 
     def __init__(self, work, slots, x_shape, weight_shape, geometry):
-        (kh, kw), (_, self.sw), (self.ph, self.pw), (dh, self.dw) = geometry
-        rows, out_h, out_w, copy, _, weight = _sizes(x_shape, weight_shape, geometry)
+        (kh, kw), (sh, self.sw), (self.ph, self.pw), (dh, self.dw) = geometry
+        rows, out_h, out_w, copy, weight = _sizes(x_shape, weight_shape, geometry)
         out, channels = weight_shape[0], x_shape[1]
-        self.kh, self.kw, self.out, self.plane = kh, kw, out, out_h * out_w
+        self.sh, self.out, self.plane = sh, out, out_h * out_w
         self.reordered = work[:weight].reshape(kh, out, channels * kw)
         self.grouped = work[weight:2 * weight].reshape(kh, out, channels * kw)
         self.copies = work[2 * weight:2 * weight + slots * copy].reshape(
-            slots, channels, kw, rows, out_w)
-        self.offsets = [i * dh * out_w for i in range(kh)]
+            slots, channels, kw, sh * rows, out_w)
+        # tap row i reads padded row oh * sh + i * dh: phase (i * dh) % sh, (i * dh) // sh on
+        self.offsets = [((i * dh) % sh * rows + (i * dh) // sh) * out_w for i in range(kh)]
 
     def windows(self, slot):
         """Slot ``slot``'s ``xw`` as 4-D (for the copy and the gather) and 2-D."""
@@ -203,7 +211,7 @@ def forward(x, weight, bias, y, work, slots, geometry) -> None:
     def worker(t):
         xw, flat = shape.windows(t)
         for n in range(*runs[t]):
-            shift_copy(x[n], xw, shape.sw, shape.ph, shape.pw, shape.dw)
+            shift_copy(x[n], xw, shape.sh, shape.sw, shape.ph, shape.pw, shape.dw)
             top = y[n].reshape(out, plane)
             for i, at in enumerate(shape.offsets):
                 mkl.product(shape.reordered[i], flat[:, at:at + plane], top, library, i > 0)
@@ -237,7 +245,7 @@ def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry) -> None:
         for n in range(*runs[t]):
             grad = dy[n].reshape(out, plane)
             if dweight is not None:
-                shift_copy(x[n], xw, shape.sw, shape.ph, shape.pw, shape.dw)
+                shift_copy(x[n], xw, shape.sh, shape.sw, shape.ph, shape.pw, shape.dw)
                 for i, at in enumerate(shape.offsets):
                     mkl.product(grad, flat[:, at:at + plane].T, sums[t][i], library,
                                 n > runs[t][0])
@@ -246,7 +254,7 @@ def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry) -> None:
                 for i, at in enumerate(shape.offsets):
                     mkl.product(shape.reordered[i].T, grad, flat[:, at:at + plane],
                                 library, i > 0)
-                gather_taps(xw, dx[n], shape.sw, shape.ph, shape.pw, shape.dw)
+                gather_taps(xw, dx[n], shape.sh, shape.sw, shape.ph, shape.pw, shape.dw)
 
     run_workers(worker, len(runs))
     if dweight is not None:
