@@ -49,13 +49,14 @@ def applies(weight_shape, geometry) -> bool:
     return kh * kw > 1 and len(weight_shape) == 4
 
 
-# Measured (scripts/bench_windows.py; docs/benchmarks.md, session 36), in the net: the windows
-# beat both im2col + GEMM and the direct kernels on output planes of at least WINDOWS_PLANE with
-# at least WINDOWS_CHANNELS input channels (ResNet-50's and GoogLeNet's 3x3s at 56x56 and 28x28,
-# and ResNet's stride-2 3x3 from 56x56 to 28x28). On 14x14 planes they won alone and lost in the
-# net; on 7x7 a sample's GEMMs are too short (im2col + GEMM wins), and with 16-32 channels
-# (GoogLeNet's 5x5s) the direct kernels do.
-WINDOWS_PLANE = 28 * 28
+# Measured (scripts/bench_windows.py; docs/benchmarks.md, session 36): the windows beat both
+# im2col + GEMM and the direct kernels on output planes of at least WINDOWS_PLANE with at least
+# WINDOWS_CHANNELS input channels: alone by 1.05-1.5x (ResNet-50's and GoogLeNet's 3x3s from
+# 56x56 to 14x14, ResNet's stride-2 3x3 into 28x28); in the net by 1.02-1.10x an iteration, the
+# 14x14 layers' share 0.97-1.06x (five A/Bs: even, within this VM's noise; the workspace is
+# smaller). On 7x7 a sample's GEMMs are too short (im2col + GEMM wins by up to 1.6x), and with
+# 16-32 channels (GoogLeNet's 5x5s) the direct kernels do.
+WINDOWS_PLANE = 14 * 14
 WINDOWS_CHANNELS = 48
 
 
