@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 from minilms.kernels import conv_cpu
 from minilms.kernels.direct import DirectConvolution, windows
 from minilms.layers.convolution import Convolution
-from minilms.layers.run import LayerRun
 
-from ..devices import new_device
+from ..layers.test_convolution_engines import run as run_layer
 from .conv_geometry import geometries
 from .test_conv_direct import reference, reference_input_grad
 from .test_conv_weight_grad import reference as reference_weight_grad
@@ -178,13 +177,7 @@ def test_the_layer_runs_it_and_agrees_with_the_reference_engine(monkeypatch):
                 assert conv.fast.window_slots and conv.engine_only
                 patch.setattr(conv_cpu, "conv_forward", None)
                 patch.setattr(conv_cpu, "conv_backward", None)
-            with new_device("cpu", 64 * MiB) as device:
-                runner = LayerRun(device, conv, [shape])
-                for key, value in params.items():
-                    runner.set_param(key, value)
-                y = runner.forward([x])[0].copy()
-                (dx,), grads = runner.backward([dy])
-                results[engine] = (y, dx.copy(), {k: v.copy() for k, v in grads.items()})
+            results[engine] = run_layer(conv, x, dy, params)
     assert sizes["auto"] < sizes["reference"]
     got, want = results["auto"], results["reference"]
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
