@@ -61,9 +61,10 @@ WINDOWS_CHANNELS = 48
 
 
 def pays(weight_shape, geometry, out_plane: int) -> bool:
-    out, channels, kh, kw = weight_shape
+    """Where the windows measured faster than the other paths (above); ``weight_shape`` ``[O,
+    C, kh, kw]``, ``out_plane`` the output's ``OH * OW``."""
     return applies(weight_shape, geometry) and out_plane >= WINDOWS_PLANE and \
-        channels >= WINDOWS_CHANNELS
+        weight_shape[1] >= WINDOWS_CHANNELS
 
 
 def _sizes(x_shape, weight_shape, geometry):
