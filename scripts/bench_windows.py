@@ -6,8 +6,8 @@ paths, layer by layer and in training.
 Two parts, each alternating its contenders in one process, so that a machine whose speed drifts
 (a VM's neighbours) moves them alike:
 
-1. **layers**: every distinct convolution of the first net that the windows could take (a
-   vertical stride of 1, more than one tap): forward and backward (all three gradients) by
+1. **layers**: every distinct convolution of the first net that the windows could take (more
+   than one tap, any stride): forward and backward (all three gradients) by
    im2col + GEMM (``conv_cpu``), by the direct kernels and by the windows, alternating call by
    call; the median ms of each, the windows' ratio to im2col + GEMM and to the best other path,
    and whether the engine takes the windows there (``windows.pays``);
@@ -16,7 +16,8 @@ Two parts, each alternating its contenders in one process, so that a machine who
    of each, and the median of the pairs' ratios.
 
 The first part times a layer alone, its operands hot in cache; the second is what decides the
-rule (``windows.WINDOWS_PLANE``): on 14x14 planes the windows won alone and lost in the net.
+rule (``windows.WINDOWS_PLANE``): on 14x14 planes the windows won alone and came out even in
+the net, within a VM's noise (docs/benchmarks.md, session 36).
 ``--smoke``: tiny, for the test suite.
 """
 import argparse

@@ -173,7 +173,7 @@ gather_taps = cpu_variant(_gather_taps, "serial", False)
 
 class _Shape:
     """One layer shape's sizes and the workspace's arrays: ``reordered`` (``W_i``, ``[kh, O, C *
-    kw]``), ``grouped`` (``dW`` in that order) and ``slots`` workers' ``xw [C * kw, R * OW]``
+    kw]``), ``grouped`` (``dW`` in that order) and ``slots`` workers' ``xw [C * kw, sh * Q * OW]``
     (the input gradient's ``dxw`` after it)."""
 
     def __init__(self, work, slots, x_shape, weight_shape, geometry):
