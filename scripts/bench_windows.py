@@ -129,7 +129,13 @@ def windows_nowhere():
         windows.pays = pays
 
 
-def time_training(case, pairs):
+def takes_windows(layer) -> bool:
+    return bool(getattr(getattr(layer, "fast", None), "window_slots", 0))
+
+
+def time_training(case, pairs, nowhere=windows_nowhere, takes=takes_windows):
+    """A net built twice, under ``nowhere()`` and as it is, iterations alternating in pairs:
+    ``(layers that ``takes`` counts, median s nowhere, median s as built, median pair ratio)``."""
     import numpy as np
     from bench_fullsize import build
 
@@ -138,10 +144,9 @@ def time_training(case, pairs):
     from minilms.solver import SGD
     runs = {}
     for label in ("nowhere", "where they pay"):
-        with windows_nowhere() if label == "nowhere" else contextlib.nullcontext():
+        with nowhere() if label == "nowhere" else contextlib.nullcontext():
             net, inputs = build(case, np)
-        taken = sum(1 for layer in net.layers
-                    if getattr(getattr(layer, "fast", None), "window_slots", 0))
+        taken = sum(1 for layer in net.layers if takes(layer))
         pool = resident_bytes(net, net.schedule(("momentum",))) + 2**20
         device = make_device("cpu", pool)
         executor = LmsExecutor(net, device, SGD(0.01, momentum=0.9), Policy(enabled=False))

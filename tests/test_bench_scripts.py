@@ -134,6 +134,17 @@ def test_bench_windows_smoke(capsys):
     assert re.search(r"^resnet50 32 b2 +\d+ +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
 
 
+def test_bench_slotted_smoke(capsys):
+    """A row per short-plane layer and pass, per sample against in slots and whether the layer
+    takes them; then a row per net, slots and none alternating (numbers never asserted)."""
+    assert run_script("bench_slotted.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    for weight, label in (("1x1", "forward"), ("1x1", "dx"), ("3x3", "forward")):
+        assert re.search(rf"^\S+ +2x\d+x\d+x\d+ +\d+x\d+x{weight} +{label} +2 +[\d.]+ +[\d.]+ "
+                         r"+[\d.]+x +no$", out, re.M), (weight, label, out)
+    assert re.search(r"^resnet50 64 b2 +0 +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
+
+
 def test_bench_fullsize_says_why_pytorch_does_not_run(tmp_path):
     """An interpreter without torch, and one with torch where minilms does not import (the
     PyTorch worker builds its net with minilms' zoo): each named, with what to do."""

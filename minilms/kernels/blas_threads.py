@@ -76,10 +76,13 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         return _shared["pool"]
 
 
-def parts(out_shape, threads: int) -> list:
+def parts(out_shape, threads: int, by_rows: bool = False) -> list:
     """How ``out`` (and ``a``, ``b``) are cut, one piece per thread: a list of ``(axis, start,
-    stop)`` with axis 0 the products of a batch, -2 the rows of ``out``, -1 its columns."""
-    if len(out_shape) == 3 and out_shape[0] >= threads:
+    stop)`` with axis 0 the products of a batch, -2 the rows of ``out``, -1 its columns.
+    ``by_rows``: by rows (of each product) whatever the shape."""
+    if by_rows:
+        axis, size = -2, out_shape[-2]
+    elif len(out_shape) == 3 and out_shape[0] >= threads:
         axis, size = 0, out_shape[0]
     elif out_shape[-2] >= out_shape[-1]:
         axis, size = -2, out_shape[-2]
@@ -100,9 +103,11 @@ def _piece(a, b, out, axis, start, stop):
     return a, b[..., start:stop], out[..., start:stop]
 
 
-def matmul(a, b, out=None, accumulate: bool = False):
+def matmul(a, b, out=None, accumulate: bool = False, by_rows: bool = False):
     """``a @ b`` into ``out`` (made where None; 2-D or 3-D as ``numpy.matmul``); returns it.
-    ``accumulate``: ``out += a @ b`` (``out`` given)."""
+    ``accumulate``: ``out += a @ b`` (``out`` given). ``by_rows``: cut by rows of ``out`` only,
+    so that every piece holds all of its columns (``kernels.slotted``: a column's bits must not
+    depend on where it sits)."""
     if out is None:
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         out = np.empty(batch + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
@@ -114,7 +119,7 @@ def matmul(a, b, out=None, accumulate: bool = False):
         _product(a, b, out, mkl.library_for(a, out), *extra)
         return out
     library = mkl.library_for(a, out)       # the whole call's: every piece runs where it would
-    pieces = [_piece(a, b, out, *p) for p in parts(out.shape, threads)]
+    pieces = [_piece(a, b, out, *p) for p in parts(out.shape, threads, by_rows)]
     if len(pieces) < 2:
         _product(a, b, out, library, *extra)
         return out

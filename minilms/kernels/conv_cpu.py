@@ -27,6 +27,7 @@ first chunk writes ``dweight``/``dbias``, later chunks add in order). Arrays are
 import numpy as np
 from numba import prange
 
+from . import slotted
 from .blas_threads import matmul
 from .gemm import gemm
 from .im2col import PARALLEL_MIN, source_index
@@ -114,15 +115,16 @@ _COL2IM = _variants(_col2im_kernel)
 
 def _layout(x, col, kernel_size, stride, padding, dilation):
     """``(side_by_side, col as 3-D, geometry...)`` for ``col`` given as ``[k, Kt, P]`` (sample
-    after sample) or ``[Kt, k * P]`` (the samples' columns side by side), C-contiguous."""
+    after sample) or ``[Kt, k * P]`` (the samples' columns side by side; wider, the first ``k *
+    P`` columns: ``kernels.slotted``), C-contiguous."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
     out_h = (x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     out_w = (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     samples, rows, plane = x.shape[0], x.shape[1] * kh * kw, out_h * out_w
     if col.shape == (samples, rows, plane):
         side_by_side, col3 = False, col
-    elif col.shape == (rows, samples * plane):
-        side_by_side, col3 = True, col.reshape(rows, samples, plane)
+    elif col.ndim == 2 and col.shape[0] == rows and col.shape[1] >= samples * plane:
+        side_by_side, col3 = True, col[:, :samples * plane].reshape(rows, samples, plane)
     else:
         raise ValueError(f"col {col.shape}: expected {(samples, rows, plane)} or "
                          f"{(rows, samples * plane)} for a batch {x.shape}")
@@ -148,12 +150,27 @@ def col2im_batch(col, x, kernel_size, stride, padding, dilation):
     return x
 
 
-def conv_forward(x, weight, bias, y, work, chunk, geometry):
+def conv_forward(x, weight, bias, y, work, chunk, geometry, slots: int = 1):
     """``y = conv(x, weight) + bias`` in chunks of ``chunk`` samples through ``work`` (flat, at
-    least ``chunk * Kt * P`` elements). ``weight [O, Cg, kh, kw]``, ``bias [O]`` or None."""
+    least ``chunk * Kt * P`` elements). ``weight [O, Cg, kh, kw]``, ``bias [O]`` or None.
+    ``slots`` > 1 (a short plane's, no groups: ``kernels.slotted``): one product per ``slots``
+    samples, their columns side by side (``work`` then holds ``(Kt + O) * slotted.width``)."""
     n_samples, out, groups = x.shape[0], weight.shape[0], x.shape[1] // weight.shape[1]
     k_group = weight[0].size
     plane = y.shape[2] * y.shape[3]
+    if slots > 1 and groups == 1:
+        width = slotted.width(slots, plane)
+        col = work[:k_group * width].reshape(k_group, width)
+        product = work[col.size:][:out * width].reshape(out, width)
+        for n0 in range(0, n_samples, slots):
+            n1 = min(n_samples, n0 + slots)
+            im2col_batch(x[n0:n1], col, *geometry)
+            slotted.clear_unused(col, n1 - n0, plane)
+            slotted.product(weight.reshape(out, k_group), col, product)
+            slotted.from_side_by_side(product, y[n0:n1].reshape(n1 - n0, out, plane))
+        if bias is not None:
+            y += bias.reshape(1, out, 1, 1)
+        return
     w = weight.reshape(groups, out // groups, k_group)
     for n0 in range(0, n_samples, chunk):
         n1 = min(n_samples, n0 + chunk)

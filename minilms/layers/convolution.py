@@ -30,7 +30,10 @@ takes the same elements at twice the bytes):
 * chunks (``cpu`` device only): while the columns of ``chunk >= 1`` whole samples fit, the workspace
   holds ``min(N, chunk)`` samples' ``col`` and transposed ``dy``, and ``minilms.kernels.conv_cpu``
   runs a chunk in a handful of calls (batched im2col, one GEMM per group, numpy for the bias).
-  The workspace grows with the batch only up to ``max_workspace``.
+  The workspace grows with the batch only up to ``max_workspace``. On a short plane (7x7) the
+  forward runs one product per ``slots`` samples, their columns side by side in a product of
+  the layer's one width (``kernels.slotted``): the workspace holds at least that product's
+  ``col`` and output, up to ``ALIGN - 1`` columns more than the chunk's.
 * a chunk of samples per launch (``cuda``, groups of one): the workspace holds as many samples'
   ``col`` as fit ``max_workspace``, and each kernel takes the whole chunk, the batch in its grid
   (``im2col_batch``, ``gemm_batched`` with the weight broadcast, or summing the samples for the
@@ -61,7 +64,7 @@ import math
 
 import numpy as np
 
-from ..kernels import conv_cpu, on_cpu
+from ..kernels import conv_cpu, on_cpu, slotted
 from ..kernels.channel_bias import add_channel_bias, channel_sums
 from ..kernels.common import span, view
 from ..kernels.direct import DirectConvolution
@@ -173,6 +176,7 @@ class Convolution(Layer):
             and self.kernel_size == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
         if self.pointwise_cuda:     # the input is the columns: room for split-K partials only
             self.chunk, self.band_rows, self.staged, self.partials = 0, self.out_h, False, 0
+            self.slots = 1
             splits = math.prod(split_k(self.num_output, self.k, shape[0], plane))
             if splits > 1 and splits * self.num_output * self.k <= budget:
                 self.partials = splits * self.num_output * self.k
@@ -180,9 +184,15 @@ class Convolution(Layer):
             return
         per_sample = (self.groups * self.k + self.num_output) * plane   # col and dyT of a chunk
         self.chunk = min(shape[0], budget // per_sample) if chunked else 0
+        # the cpu forward's samples per product on a short plane (1: per sample; no groups)
+        self.slots = slotted.count(plane, shape[0], self.chunk, self.num_output * self.k) \
+            if self.groups == 1 else 1
         self.band_rows, self.staged, self.partials = self.out_h, False, 0
         if self.chunk >= 1:
             self.elements = self.chunk * per_sample   # holds one sample's col and ones as well
+            if self.slots > 1:     # and the forward's slotted col and product
+                self.elements = max(self.elements, (self.k + self.num_output) *
+                                    slotted.width(self.slots, plane))
         elif (self.k + ones) * plane <= budget:
             self.elements = (self.k + ones) * plane
             if not chunked and self.groups == 1:   # cuda: as many samples' columns as fit
@@ -357,7 +367,7 @@ class Convolution(Layer):
         self._reference_allowed(x)
         if self.chunk and on_cpu(x):
             conv_cpu.conv_forward(x, io.params["weight"], io.params.get("bias"), y, flat,
-                                  self.chunk, self._geometry())
+                                  self.chunk, self._geometry(), self.slots)
             return
         chunk = 0 if on_cpu(x) else self._batch_chunk(x.shape[0])
         if chunk:

@@ -66,6 +66,18 @@ def test_matmul_is_the_product_dealt_out(three_threads, shape_a, shape_b, axis, 
     np.testing.assert_array_equal(again, out)       # the same bits every call
 
 
+def test_by_rows_keeps_every_column_in_every_piece(three_threads):
+    """``by_rows``: a wide product (which is cut by columns otherwise) cut by its rows only, each
+    piece all of ``out``'s columns (``kernels.slotted`` needs a column's place to be fixed)."""
+    rng = np.random.default_rng(3)
+    a, b = _operands(rng, (10, 12), (12, 70))
+    assert {p[0] for p in blas_threads.parts((10, 70), THREADS)} == {-1}
+    assert {p[0] for p in blas_threads.parts((10, 70), THREADS, by_rows=True)} == {-2}
+    out = blas_threads.matmul(a, b, out=np.full((10, 70), np.nan, np.float32), by_rows=True)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    assert sorted(shape for _, shape, _ in three_threads) == [(3, 70), (3, 70), (4, 70)]
+
+
 def test_transposed_operands_and_a_slice_of_out(three_threads):
     """``gemm``'s ``a.T @ b`` and ``a @ b.T``, and a convolution's ``out`` that is one group's
     rows of a larger array (strided, not contiguous)."""

@@ -1,11 +1,12 @@
 """The 1x1 convolution engine (``kernels.direct.pointwise``) against a float64 einsum: forward,
 input gradient, weight and bias gradients, at stride 1 and 2, with short and long planes (the
-ways dW's GEMMs run: side by side or per sample) and chunks smaller than the batch; a sample's
-outputs whatever the chunking; and the layer's ``auto`` engine takes it for 1x1 convolutions."""
+ways dW's GEMMs run: side by side or per sample; the forward and input gradient per sample or in
+``kernels.slotted``'s fixed-width products) and chunks smaller than the batch; a sample's outputs
+whatever the chunking; and the layer's ``auto`` engine takes it for 1x1 convolutions."""
 import numpy as np
 import pytest
 
-from minilms.kernels import blas_threads, conv_cpu
+from minilms.kernels import conv_cpu, mkl, slotted
 from minilms.kernels.direct import pointwise
 from minilms.layers.convolution import Convolution
 from minilms.layers.run import LayerRun
@@ -41,7 +42,8 @@ CASES = [  # samples, channels, outputs, height, width, stride, chunk
 
 @pytest.mark.parametrize("n, c, o, h, w, stride, chunk", CASES)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_pointwise_equals_the_definition(n, c, o, h, w, stride, chunk, with_bias):
+@pytest.mark.parametrize("slotting", [False, True])
+def test_pointwise_equals_the_definition(n, c, o, h, w, stride, chunk, with_bias, slotting):
     rng = np.random.default_rng(n * 100 + c)
     out_h, out_w = (h - 1) // stride + 1, (w - 1) // stride + 1
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
@@ -50,14 +52,17 @@ def test_pointwise_equals_the_definition(n, c, o, h, w, stride, chunk, with_bias
     dy = rng.standard_normal((n, o, out_h, out_w)).astype(np.float32)
     geometry = ((1, 1), (stride, stride), (0, 0), (1, 1))
     assert pointwise.applies(weight.shape, geometry)
-    elements = pointwise.workspace_elements(x.shape, o, out_h * out_w, chunk, stride > 1)
+    slots = slotted.count(out_h * out_w, n, chunk, slotted.MIN_WEIGHT) if slotting else 1
+    assert (slots > 1) == (slotting and chunk > 1 and
+                           slotted.MIN_PLANE <= out_h * out_w < slotted.SHORT_PLANE)
+    elements = pointwise.workspace_elements(x.shape, o, out_h * out_w, chunk, stride > 1, slots)
     work = np.full(elements, np.nan, np.float32)     # garbage in the workspace must not leak
     y = np.full((n, o, out_h, out_w), np.nan, np.float32)
     dx = np.full_like(x, np.nan)
     dw = np.full_like(weight, np.nan)
     db = np.full(o, np.nan, np.float32)
-    pointwise.forward(x, weight, bias, y, work, chunk, geometry)
-    pointwise.input_grad(dy, weight, dx, work, chunk, geometry)
+    pointwise.forward(x, weight, bias, y, work, chunk, geometry, slots)
+    pointwise.input_grad(dy, weight, dx, work, chunk, geometry, slots)
     pointwise.weight_grad(x, dy, dw, db if with_bias else None, work, chunk, geometry)
     want_y, want_dx, want_dw, want_db = reference(x, weight, bias, dy, stride)
     np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5 * np.sqrt(c))
@@ -67,46 +72,54 @@ def test_pointwise_equals_the_definition(n, c, o, h, w, stride, chunk, with_bias
         np.testing.assert_allclose(db, want_db, rtol=1e-5, atol=1e-5 * np.sqrt(n * out_h * out_w))
 
 
+@pytest.mark.parametrize("library", mkl.CHOICES)
 @pytest.mark.parametrize("c, o, h, stride", [(2048, 512, 7, 1), (512, 2048, 7, 1),
-                                           (1024, 2048, 14, 2)])     # ResNet-50's res5
-def test_a_samples_forward_and_input_gradient_do_not_depend_on_the_chunking(c, o, h, stride):
+                                           (1024, 2048, 14, 2),      # ResNet-50's res5
+                                           (5, 7, 9, 2), (6, 3, 7, 1)])  # one BLAS call
+def test_a_samples_forward_and_input_gradient_do_not_depend_on_the_chunking(library, c, o, h,
+                                                                            stride):
     """A step split along the batch must give the unsplit step's sample-wise outputs bit for bit
-    (issue 20), at products large enough that ``blas_threads`` deals them out (above its
-    ``MIN_FLOPS``; a 7x7 plane once went side by side into one GEMM whose bits changed with the
-    number of samples: 79% of ResNet-50's res5 forwards at chunks of 2)."""
+    (issue 20). The products per sample, and the slotted products of a 7x7 plane (a 7x7 plane
+    once went side by side into one GEMM whose width was the chunk's, and its bits changed with
+    the number of samples: 79% of ResNet-50's res5 forwards at chunks of 2). A split step
+    passes the layer's own chunk and slots to every part; each part holds fewer samples."""
+    if library == "mkl" and not mkl.available():
+        pytest.skip("MKL is not installed here: the OpenBLAS case runs")
     rng = np.random.default_rng(c + o)
     out_h = (h - 1) // stride + 1
     x = rng.standard_normal((8, c, h, h)).astype(np.float32)
     weight = rng.standard_normal((o, c, 1, 1)).astype(np.float32)
     dy = rng.standard_normal((8, o, out_h, out_h)).astype(np.float32)
     geometry = ((1, 1), (stride, stride), (0, 0), (1, 1))
-    assert 2.0 * o * c * out_h * out_h >= blas_threads.MIN_FLOPS      # even one sample's
-    work = np.empty(pointwise.workspace_elements(x.shape, o, out_h * out_h, 8, stride > 1),
+    slots = slotted.count(out_h * out_h, 8, 8, max(o * c, slotted.MIN_WEIGHT))
+    assert slots == 8
+    work = np.empty(pointwise.workspace_elements(x.shape, o, out_h * out_h, 8, stride > 1, slots),
                     np.float32)
-    y, dx = np.empty_like(dy), np.empty_like(x)
-    pointwise.forward(x, weight, None, y, work, 8, geometry)
-    pointwise.input_grad(dy, weight, dx, work, 8, geometry)
-    for k in (1, 2, 3):
-        y_k, dx_k = np.empty_like(y), np.empty_like(dx)
-        for n0 in range(0, 8, k):
-            n1 = min(8, n0 + k)
-            pointwise.forward(x[n0:n1], weight, None, y_k[n0:n1], work, k, geometry)
-            pointwise.input_grad(dy[n0:n1], weight, dx_k[n0:n1], work, k, geometry)
-        np.testing.assert_array_equal(y_k, y, err_msg=f"forward, chunks of {k}")
-        np.testing.assert_array_equal(dx_k, dx, err_msg=f"input gradient, chunks of {k}")
+    before = mkl.chosen()
+    mkl.use(library)
+    try:
+        for slots in (1, slots):
+            y, dx = np.empty_like(dy), np.empty_like(x)
+            pointwise.forward(x, weight, None, y, work, 8, geometry, slots)
+            pointwise.input_grad(dy, weight, dx, work, 8, geometry, slots)
+            for k in (1, 2, 3):
+                y_k, dx_k = np.empty_like(y), np.empty_like(dx)
+                for n0 in range(0, 8, k):
+                    n1 = min(8, n0 + k)
+                    pointwise.forward(x[n0:n1], weight, None, y_k[n0:n1], work, 8, geometry,
+                                      slots)
+                    pointwise.input_grad(dy[n0:n1], weight, dx_k[n0:n1], work, 8, geometry,
+                                         slots)
+                np.testing.assert_array_equal(y_k, y, err_msg=f"forward, {slots} slots, {k}")
+                np.testing.assert_array_equal(dx_k, dx, err_msg=f"dx, {slots} slots, {k}")
+    finally:
+        mkl.use(before)
 
 
 def test_padding_or_a_larger_kernel_is_not_pointwise():
     assert not pointwise.applies((4, 3, 1, 1), ((1, 1), (1, 1), (1, 1), (1, 1)))
     assert not pointwise.applies((4, 3, 3, 3), ((3, 3), (1, 1), (0, 0), (1, 1)))
     assert pointwise.applies((4, 3, 1, 1), ((1, 1), (2, 2), (0, 0), (3, 3)))
-
-
-def test_side_by_side_puts_each_sample_columns_in_place():
-    src = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
-    dst = np.empty((3, 8), np.float32)
-    pointwise.side_by_side(src, dst)
-    np.testing.assert_array_equal(dst, np.concatenate([src[0], src[1]], axis=1))
 
 
 @pytest.mark.parametrize("stride", [1, 2])

@@ -105,6 +105,7 @@ def test_workspace_plans():
         layer = conv(pad=1, max_workspace=max_workspace)
         layer.setup([shape])
         assert (layer.chunk, layer.staged, layer.band_rows) == (chunk, False, 5)
+        assert layer.slots == 1                    # a small weight: a product per sample
         assert layer.elements == chunk * per_sample
     one_sample = conv(pad=1, max_workspace=per_sample * 4 - 4)   # no chunk, one sample's col fits
     one_sample.setup([shape])

@@ -133,7 +133,8 @@ def test_cpu_workspace_is_the_engines_where_it_runs_everything():
     for g in (POINTWISE_LONG, THREE_BY_THREE):
         assert sized(g, "cpu").elements < sized(g, None).elements
     assert sized(POINTWISE_LONG, "cpu").elements == 1
-    short = sized(POINTWISE_SHORT, "cpu")
+    short = sized(POINTWISE_SHORT, "cpu")   # a small weight: no slots, the chunk's columns
+    assert short.fast.slots == 1
     assert short.elements == short.chunk * (16 + 24) * 49
     first = sized(FEW_CHANNELS, "cpu")
     assert not first.engine_only and first.elements == sized(FEW_CHANNELS, None).elements

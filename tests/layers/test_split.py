@@ -87,7 +87,12 @@ CASES = {
                             [batch(rng, dt, n, 3, 4, 4)], None),
         # a workspace for less than one sample: one sample at a time, in bands of rows
         lambda rng, n, dt: (make("Convolution", num_output=3, kernel_size=3, pad=1,
-                                 max_workspace=1200), [batch(rng, dt, n, 2, 8, 8)], None)],
+                                 max_workspace=1200), [batch(rng, dt, n, 2, 8, 8)], None),
+        # short planes with large weights: the forward (and the 1x1's dx) in slots
+        lambda rng, n, dt: (make("Convolution", num_output=256, kernel_size=3, pad=1),
+                            [batch(rng, dt, n, 256, 7, 7)], None),
+        lambda rng, n, dt: (make("Convolution", num_output=512, kernel_size=1, stride=2),
+                            [batch(rng, dt, n, 1024, 7, 7)], None)],
     "InnerProduct": [
         lambda rng, n, dt: (make("InnerProduct", num_output=5), [batch(rng, dt, n, 3, 2, 2)],
                             None),
@@ -211,7 +216,7 @@ def test_split_equals_unsplit(type_name, dtype, seed):
         case_seed = int(rng.integers(1 << 30))
         for train in (True, False):
             layer, bottoms, down = fresh(case, case_seed, n, dtype)
-            with CpuDevice(8 * MiB) as device:
+            with CpuDevice(256 * MiB) as device:
                 shapes, types = [b.shape for b in bottoms], [b.dtype for b in bottoms]
                 whole_run = LayerRun(device, layer, shapes, dtype, seed=seed, bottom_dtypes=types)
                 set_params(whole_run, case_seed)

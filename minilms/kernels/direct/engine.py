@@ -13,6 +13,7 @@ the row windows take a layer whole; what is left goes kernel by kernel.
 It covers float32 convolutions without groups on the ``cpu`` device; anything else (float64, the
 gradient checks; groups; ``cuda``) is left whole to the reference.
 """
+from .. import slotted
 from ..im2col import conv_out_size
 from ..registry import on_cpu
 from . import conv, input_grad, pointwise, weight_grad, windows
@@ -36,6 +37,7 @@ class DirectConvolution:
         self.elements = 0
         self.pointwise = bool(chunk) and pointwise.applies(weight_shape, geometry)
         self.window_slots = 0       # > 0: the row windows run it all, with this many workers
+        self.slots = 1              # pointwise: samples per product (``slotted.count``)
         # which input gradient runs here ("direct", "lanes", or None: im2col + GEMM's), and
         # whether the weight gradient does: the backward leaves the rest to the layer
         self.dx_path, self.dw_direct, self.forward_direct = None, False, False
@@ -46,8 +48,9 @@ class DirectConvolution:
         out, out_h, out_w = (weight_shape[0], conv_out_size(height, kh, sh, ph, dh),
                              conv_out_size(width, kw, sw, pw, dw))
         if self.pointwise:
+            self.slots = slotted.count(out_h * out_w, samples, chunk, out * x_shape[1])
             self.elements = pointwise.workspace_elements(x_shape, out, out_h * out_w, chunk,
-                                                         strided=(sh, sw) != (1, 1))
+                                                         (sh, sw) != (1, 1), self.slots)
             return
         if windows.pays(weight_shape, geometry, out_h * out_w):
             self.window_slots = windows.slot_count(x_shape, weight_shape, geometry,
@@ -91,7 +94,7 @@ class DirectConvolution:
         if not self._applies(x):
             return False
         if self.pointwise:
-            pointwise.forward(x, weight, bias, y, work, self.chunk, self.geometry)
+            pointwise.forward(x, weight, bias, y, work, self.chunk, self.geometry, self.slots)
             return True
         if self.window_slots:
             windows.forward(x, weight, bias, y, work, self.window_slots, self.geometry)
@@ -109,7 +112,8 @@ class DirectConvolution:
             return dx, dweight, dbias
         if self.pointwise:
             if dx is not None:
-                pointwise.input_grad(dy, weight, dx, work, self.chunk, self.geometry)
+                pointwise.input_grad(dy, weight, dx, work, self.chunk, self.geometry,
+                                     self.slots)
             if dweight is not None or dbias is not None:
                 pointwise.weight_grad(x, dy, dweight, dbias, work, self.chunk, self.geometry)
             return None, None, None

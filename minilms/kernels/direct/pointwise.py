@@ -4,7 +4,9 @@ A 1x1 convolution without padding is a matrix product per sample. With ``x[n]`` 
 ``[C, P]`` (its pixels; every ``stride``-th one when strided), ``dy[n]`` as ``[O, P]`` and the
 weight as ``W [O, C]``::
 
-    y[n]  = W @ x[n] (+ bias)             one batched matmul, written straight into y
+    y[n]  = W @ x[n] (+ bias)             one batched matmul, written straight into y (on a
+                                          short plane with a large weight: in ``slotted``
+                                          products, ``slots`` samples each, as is dx)
     dx[n] = W^T @ dy[n]                   one batched matmul (strided: into the sub-grid,
                                           zeros elsewhere)
     dW    = sum over n of dy[n] @ x[n]^T  a batched call of one product per core (dealt out
@@ -22,9 +24,10 @@ Deterministic: the same shapes take the same calls in the same order; equal to i
 to float32 rounding (the tests compare them).
 """
 import numba
-from numba import njit, prange
 
+from .. import slotted
 from ..blas_threads import matmul
+from ..slotted import side_by_side
 from .weight_grad import bias_grad
 
 __all__ = ["applies", "workspace_elements", "forward", "input_grad", "weight_grad"]
@@ -35,7 +38,8 @@ __all__ = ["applies", "workspace_elements", "forward", "input_grad", "weight_gra
 # are a sample's own, and must not depend on how many samples share a call. One GEMM over several
 # samples' columns does (BLAS picks its kernel by the width): session 32 ran the 7x7 planes'
 # forward and input gradient so, and a step split into chunks of 1-2 samples then gave other bits
-# (tests/kernels/test_conv_pointwise.py checks it above ``blas_threads.MIN_FLOPS``).
+# (tests/kernels/test_conv_pointwise.py checks it above ``blas_threads.MIN_FLOPS``). On the
+# shortest planes they now go side by side in ``kernels.slotted``'s fixed-width products.
 SHORT_PLANE = 256
 
 
@@ -45,14 +49,21 @@ def applies(weight_shape, geometry) -> bool:
     return (kh, kw) == (1, 1) and (ph, pw) == (0, 0) and len(weight_shape) == 4
 
 
-def workspace_elements(x_shape, out: int, out_plane: int, chunk: int, strided: bool) -> int:
-    """Float elements the workspace must hold for ``chunk`` samples: the side-by-side columns of
-    ``dy`` and ``x`` where a plane is short, a gathered sub-grid of ``x`` (or of ``dx``) where
-    the convolution is strided, nothing otherwise."""
+def workspace_elements(x_shape, out: int, out_plane: int, chunk: int, strided: bool,
+                       slots: int = 1) -> int:
+    """Float elements the workspace must hold for ``chunk`` samples (``slots`` per product of
+    the forward and the input gradient): the side-by-side columns of ``dy`` and ``x`` where a
+    plane is short, a gathered sub-grid of ``x`` (or of ``dx``) where the convolution is
+    strided, nothing otherwise."""
     channels = x_shape[1]
     if out_plane < SHORT_PLANE:
-        return chunk * (channels + out) * out_plane
+        return (channels + out) * _room(chunk, out_plane, slots)
     return chunk * channels * out_plane if strided else 0
+
+
+def _room(chunk: int, plane: int, slots: int) -> int:
+    """Columns per row the short-plane workspace holds: a chunk's, or a slotted product's."""
+    return max(chunk * plane, slotted.width(slots, plane) if slots > 1 else 0)
 
 
 def _strided(geometry) -> bool:
@@ -70,51 +81,79 @@ def _gather(x, work, geometry, n0, n1):
     return out.reshape(n1 - n0, x.shape[1], -1)
 
 
-def forward(x, weight, bias, y, work, chunk, geometry) -> None:
-    """``y = conv(x, weight) + bias``, ``y`` overwritten."""
+def forward(x, weight, bias, y, work, chunk, geometry, slots: int = 1) -> None:
+    """``y = conv(x, weight) + bias``, ``y`` overwritten. ``slots`` > 1 (a short plane's, from
+    ``slotted.count``): a product per ``slots`` samples, their columns side by side."""
     samples, out = y.shape[0], y.shape[1]
     w = weight.reshape(out, -1)
     y3 = y.reshape(samples, out, -1)
-    step = samples if not _strided(geometry) else chunk
-    for n0 in range(0, samples, step):
-        n1 = min(samples, n0 + step)
-        matmul(w, _gather(x, work, geometry, n0, n1), out=y3[n0:n1])
+    if slots > 1:
+        plane = y3.shape[2]
+        room, width = _room(chunk, plane, slots), slotted.width(slots, plane)
+        for n0 in range(0, samples, slots):
+            n1 = min(samples, n0 + slots)
+            x_t, product = _columns(work, room, x.shape[1], out, width)
+            _gather_side_by_side(x, x_t, geometry, n0, n1)
+            slotted.clear_unused(x_t, n1 - n0, plane)
+            slotted.product(w, x_t, product)
+            slotted.from_side_by_side(product, y3[n0:n1])
+    else:
+        step = samples if not _strided(geometry) else chunk
+        for n0 in range(0, samples, step):
+            n1 = min(samples, n0 + step)
+            matmul(w, _gather(x, work, geometry, n0, n1), out=y3[n0:n1])
     if bias is not None:
         y += bias.reshape(1, out, 1, 1)
 
 
-def input_grad(dy, weight, dx, work, chunk, geometry) -> None:
-    """``dx`` (overwritten) from ``dy``."""
+def input_grad(dy, weight, dx, work, chunk, geometry, slots: int = 1) -> None:
+    """``dx`` (overwritten) from ``dy``; ``slots`` as for ``forward``."""
     samples, out, channels = dy.shape[0], dy.shape[1], dx.shape[1]
     wt = weight.reshape(out, channels).T
     dy3 = dy.reshape(samples, out, -1)
     (sh, sw), (out_h, out_w) = geometry[1], dy.shape[2:]
-    if not _strided(geometry):
+    strided = _strided(geometry)
+    if not strided and slots == 1:
         matmul(wt, dy3, out=dx.reshape(samples, channels, -1))
         return
-    dx[...] = 0
-    for n0 in range(0, samples, chunk):
-        n1 = min(samples, n0 + chunk)
-        sub = work[:(n1 - n0) * channels * out_h * out_w].reshape(n1 - n0, channels, -1)
-        matmul(wt, dy3[n0:n1], out=sub)
-        dx[n0:n1, :, :out_h * sh:sh, :out_w * sw:sw] = sub.reshape(n1 - n0, channels, out_h,
-                                                                   out_w)
+    if strided:
+        dx[...] = 0
+    step = slots if slots > 1 else chunk
+    room, width = _room(chunk, out_h * out_w, slots), slotted.width(slots, out_h * out_w)
+    for n0 in range(0, samples, step):
+        n1 = min(samples, n0 + step)
+        if slots > 1:
+            product, dy_t = _columns(work, room, channels, out, width)
+            side_by_side(dy3[n0:n1], dy_t)
+            slotted.clear_unused(dy_t, n1 - n0, out_h * out_w)
+            slotted.product(wt, dy_t, product)
+            if not strided:
+                slotted.from_side_by_side(product, dx[n0:n1].reshape(n1 - n0, channels, -1))
+                continue
+            sub = product[:, :(n1 - n0) * out_h * out_w].reshape(
+                channels, n1 - n0, out_h, out_w).transpose(1, 0, 2, 3)
+        else:
+            sub = work[:(n1 - n0) * channels * out_h * out_w].reshape(n1 - n0, channels, -1)
+            matmul(wt, dy3[n0:n1], out=sub)
+        dx[n0:n1, :, :out_h * sh:sh, :out_w * sw:sw] = sub.reshape(n1 - n0, channels, out_h, out_w)
 
 
-def _columns(work, chunk, channels, out, samples, plane):
-    """``[channels, samples * plane]`` and ``[out, samples * plane]`` from ``work``'s two parts
-    (``workspace_elements``' short-plane layout: ``chunk`` samples' ``out`` rows first)."""
-    width = samples * plane
-    return (work[chunk * out * plane:][:channels * width].reshape(channels, width),
+def _columns(work, room, channels, out, width):
+    """``[channels, width]`` and ``[out, width]`` from ``work``'s two parts
+    (``workspace_elements``' short-plane layout: ``out`` rows of ``room`` columns first)."""
+    return (work[room * out:][:channels * width].reshape(channels, width),
             work[:out * width].reshape(out, width))
 
 
 def _gather_side_by_side(x, x_t, geometry, n0, n1):
-    """``x[n0:n1]``'s (strided sub-grid's) columns side by side in ``x_t``: one copy."""
+    """``x[n0:n1]``'s (strided sub-grid's) columns side by side in ``x_t`` (its first ``n1 -
+    n0`` samples' places, of however many it has): one copy."""
     (sh, sw) = geometry[1]
     if _strided(geometry):
         sub = x[n0:n1, :, ::sh, ::sw]
-        x_t.reshape(x.shape[1], n1 - n0, *sub.shape[2:])[...] = sub.transpose(1, 0, 2, 3)
+        samples, channels, out_h, out_w = sub.shape
+        x_t[:, :samples * out_h * out_w].reshape(channels, samples, out_h, out_w)[...] = \
+            sub.transpose(1, 0, 2, 3)
     else:
         side_by_side(x[n0:n1].reshape(n1 - n0, x.shape[1], -1), x_t)
 
@@ -146,7 +185,7 @@ def weight_grad(x, dy, dweight, dbias, work, chunk, geometry) -> None:
         return
     for n0 in range(0, samples, chunk):
         n1 = min(samples, n0 + chunk)
-        x_t, dy_t = _columns(work, chunk, channels, out, n1 - n0, plane)
+        x_t, dy_t = _columns(work, chunk * plane, channels, out, (n1 - n0) * plane)
         side_by_side(dy3[n0:n1], dy_t)
         _gather_side_by_side(x, x_t, geometry, n0, n1)
         _accumulate(dy_t, x_t.T, dw, first=n0 == 0)
@@ -158,15 +197,3 @@ def _accumulate(a, b, c, first: bool) -> None:
         matmul(a, b, out=c)
     else:
         c += matmul(a, b)
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def side_by_side(src, dst):
-    """``dst[r, n * P + p] = src[n, r, p]`` for ``src [k, R, P]`` and ``dst [R, k * P]``."""
-    samples, rows, plane = src.shape
-    for task in prange(rows * samples):
-        r, n = task // samples, task % samples
-        out = dst[r, n * plane:(n + 1) * plane]
-        row = src[n, r]
-        for p in range(plane):
-            out[p] = row[p]
