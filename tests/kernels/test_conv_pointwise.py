@@ -116,6 +116,28 @@ def test_a_samples_forward_and_input_gradient_do_not_depend_on_the_chunking(libr
         mkl.use(before)
 
 
+@pytest.mark.parametrize("h, w, sh, sw", [(9, 7, 2, 2), (8, 8, 2, 2), (10, 11, 3, 2),
+                                           (5, 6, 1, 3)])
+def test_strided_gather_and_scatter(h, w, sh, sw):
+    """The sub-grid's copy out of ``x`` and back into a ``dx`` written whole (zeros between),
+    against numpy's strided views; a view of fewer rows and columns than the grid has too."""
+    rng = np.random.default_rng(h * w)
+    x = rng.standard_normal((3, 4, h, w)).astype(np.float32)
+    out_h, out_w = (h - 1) // sh + 1, (w - 1) // sw + 1
+    sub = np.full((3, 4, out_h, out_w), np.nan, np.float32)
+    pointwise.gather_strided(x, sub, sh, sw)
+    np.testing.assert_array_equal(sub, x[:, :, ::sh, ::sw])
+    dx = np.full_like(x, np.nan)
+    pointwise.scatter_strided(sub, dx, sh, sw)
+    want = np.zeros_like(x)
+    want[:, :, ::sh, ::sw] = sub
+    np.testing.assert_array_equal(dx, want)
+    pointwise.scatter_strided(sub[:, :, :out_h - 1, :out_w - 1], dx, sh, sw)
+    want[...] = 0
+    want[:, :, :(out_h - 1) * sh:sh, :(out_w - 1) * sw:sw] = sub[:, :, :out_h - 1, :out_w - 1]
+    np.testing.assert_array_equal(dx, want)
+
+
 def test_padding_or_a_larger_kernel_is_not_pointwise():
     assert not pointwise.applies((4, 3, 1, 1), ((1, 1), (1, 1), (1, 1), (1, 1)))
     assert not pointwise.applies((4, 3, 3, 3), ((3, 3), (1, 1), (0, 0), (1, 1)))

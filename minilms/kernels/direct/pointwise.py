@@ -24,6 +24,7 @@ Deterministic: the same shapes take the same calls in the same order; equal to i
 to float32 rounding (the tests compare them).
 """
 import numba
+from numba import njit, prange
 
 from .. import slotted
 from ..blas_threads import matmul
@@ -77,7 +78,7 @@ def _gather(x, work, geometry, n0, n1):
         return x[n0:n1].reshape(n1 - n0, x.shape[1], -1)
     sub = x[n0:n1, :, ::sh, ::sw]
     out = work[:sub.size].reshape(sub.shape)
-    out[...] = sub
+    gather_strided(x[n0:n1], out, sh, sw)
     return out.reshape(n1 - n0, x.shape[1], -1)
 
 
@@ -116,8 +117,6 @@ def input_grad(dy, weight, dx, work, chunk, geometry, slots: int = 1) -> None:
     if not strided and slots == 1:
         matmul(wt, dy3, out=dx.reshape(samples, channels, -1))
         return
-    if strided:
-        dx[...] = 0
     step = slots if slots > 1 else chunk
     room, width = _room(chunk, out_h * out_w, slots), slotted.width(slots, out_h * out_w)
     for n0 in range(0, samples, step):
@@ -135,7 +134,7 @@ def input_grad(dy, weight, dx, work, chunk, geometry, slots: int = 1) -> None:
         else:
             sub = work[:(n1 - n0) * channels * out_h * out_w].reshape(n1 - n0, channels, -1)
             matmul(wt, dy3[n0:n1], out=sub)
-        dx[n0:n1, :, :out_h * sh:sh, :out_w * sw:sw] = sub.reshape(n1 - n0, channels, out_h, out_w)
+        scatter_strided(sub.reshape(n1 - n0, channels, out_h, out_w), dx[n0:n1], sh, sw)
 
 
 def _columns(work, room, channels, out, width):
@@ -197,3 +196,36 @@ def _accumulate(a, b, c, first: bool) -> None:
         matmul(a, b, out=c)
     else:
         c += matmul(a, b)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def scatter_strided(sub, dx, sh, sw):
+    """``dx[n, c]`` written whole: ``sub[n, c, i, j]`` at ``(i * sh, j * sw)``, 0 elsewhere. One
+    pass over ``dx`` (zeroing it first, then scattering, was two: 8 of res3a_proj's 17 ms)."""
+    samples, channels, out_h, out_w = sub.shape
+    height, width = dx.shape[2], dx.shape[3]
+    for task in prange(samples * channels):
+        n, c = task // channels, task % channels
+        src, img = sub[n, c], dx[n, c]
+        for h in range(height):
+            row = img[h]
+            for w in range(width):      # zeros, then the values over them: in L1, and the
+                row[w] = 0              # zeroing loop vectorises (one test per element did not)
+            i = h // sh
+            if h % sh == 0 and i < out_h:
+                for j in range(out_w):
+                    row[j * sw] = src[i, j]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def gather_strided(x, sub, sh, sw):
+    """``sub[n, c, i, j] = x[n, c, i * sh, j * sw]``: ``scatter_strided``'s inverse, a task per
+    ``(n, c)`` (numpy's strided copy runs on one thread)."""
+    samples, channels, out_h, out_w = sub.shape
+    for task in prange(samples * channels):
+        n, c = task // channels, task % channels
+        src, img = x[n, c], sub[n, c]
+        for i in range(out_h):
+            row, out = src[i * sh], img[i]
+            for j in range(out_w):
+                out[j] = row[j * sw]
