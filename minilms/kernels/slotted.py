@@ -28,12 +28,11 @@ __all__ = ["SHORT_PLANE", "MIN_PLANE", "MIN_WEIGHT", "SLOT_COLUMNS", "ALIGN", "c
            "clear_unused", "product", "side_by_side", "from_side_by_side"]
 
 # Planes below SHORT_PLANE go into slots, enough of them for about SLOT_COLUMNS columns (8 on a
-# 7x7 plane); on 14x14 planes (2 slots) they did not pay (docs/benchmarks.md, session 37). What
-# slots save is reading the weight once per sample, so weights below MIN_WEIGHT elements (2 MiB, a
-# core's L2 here) stay per sample: GoogLeNet's 7x7 layers, 100-460K elements, measured 0.57-1.11x
-# in slots (scripts/bench_slotted.py), ResNet-50's res5, 1-2M elements, 1.15-1.86x. So do planes
-# below MIN_PLANE pixels (rounding the width up to ALIGN columns would be most of the product).
-# Both keep small nets' products, and workspaces, as they were.
+# 7x7 plane). What slots save is reading the weight once per sample, so a weight below
+# MIN_WEIGHT elements (2 MiB, a core's L2 on the machines measured) stays per sample, as do
+# planes below MIN_PLANE pixels (rounding the width up to ALIGN columns would be most of the
+# product); both keep small nets' products, and workspaces, as they were. The measurements behind
+# each bound: docs/benchmarks.md, session 37 and "Why the code chose".
 SHORT_PLANE = 128
 MIN_PLANE = 16
 MIN_WEIGHT = 2**19

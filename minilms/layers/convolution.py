@@ -31,9 +31,8 @@ takes the same elements at twice the bytes):
   holds ``min(N, chunk)`` samples' ``col`` and transposed ``dy``, and ``minilms.kernels.conv_cpu``
   runs a chunk in a handful of calls (batched im2col, one GEMM per group, numpy for the bias).
   The workspace grows with the batch only up to ``max_workspace``. On a short plane (7x7) the
-  forward runs one product per ``slots`` samples, their columns side by side in a product of
-  the layer's one width (``kernels.slotted``): the workspace holds at least that product's
-  ``col`` and output, up to ``ALIGN - 1`` columns more than the chunk's.
+  forward runs a product per ``slots`` samples (``kernels.slotted``): the workspace then holds
+  that product's ``col`` and output, up to ``ALIGN - 1`` columns wider than the chunk's.
 * a chunk of samples per launch (``cuda``, groups of one): the workspace holds as many samples'
   ``col`` as fit ``max_workspace``, and each kernel takes the whole chunk, the batch in its grid
   (``im2col_batch``, ``gemm_batched`` with the weight broadcast, or summing the samples for the
@@ -97,6 +96,7 @@ class Convolution(Layer):
     # cuda: a 1x1 convolution of stride 1 reads its input as its columns (off: as any other,
     # which scripts/launch_count.py's "before", the path until issue 19, needs)
     pointwise_on_cuda = True
+    slots = 1   # the cpu forward's samples per product on a short plane (``kernels.slotted``)
 
     def __init__(self, name, bottom, top, num_output=None, kernel_size=None, stride=1, pad=0,
                  dilation=1, bias: bool = True, groups: int = 1, weight_init: str = "he",
@@ -176,7 +176,6 @@ class Convolution(Layer):
             and self.kernel_size == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
         if self.pointwise_cuda:     # the input is the columns: room for split-K partials only
             self.chunk, self.band_rows, self.staged, self.partials = 0, self.out_h, False, 0
-            self.slots = 1
             splits = math.prod(split_k(self.num_output, self.k, shape[0], plane))
             if splits > 1 and splits * self.num_output * self.k <= budget:
                 self.partials = splits * self.num_output * self.k
@@ -184,7 +183,6 @@ class Convolution(Layer):
             return
         per_sample = (self.groups * self.k + self.num_output) * plane   # col and dyT of a chunk
         self.chunk = min(shape[0], budget // per_sample) if chunked else 0
-        # the cpu forward's samples per product on a short plane (1: per sample; no groups)
         self.slots = slotted.count(plane, shape[0], self.chunk, self.num_output * self.k) \
             if self.groups == 1 else 1
         self.band_rows, self.staged, self.partials = self.out_h, False, 0
