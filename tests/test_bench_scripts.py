@@ -145,6 +145,18 @@ def test_bench_slotted_smoke(capsys):
     assert re.search(r"^resnet50 64 b2 +0 +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
 
 
+def test_bench_winograd_smoke(capsys):
+    """A row per 3x3 stride-1 layer shape and pass: each path's ms, the rule's m, its ratio to
+    the best other path, the engine's choice and the forward's error; then a row per net,
+    Winograd's and none alternating (numbers never asserted)."""
+    assert run_script("bench_winograd.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    for label in ("forward", "backward"):
+        assert re.search(rf"^res2a_2 +2x\d+x16x16 +\d+ {label} +[\d.]+ +[\d.]+ +[\d.]+ "
+                         r"+[\d.]+ +[24] +[\d.]+x +no +\d\.\de-\d+$", out, re.M), out
+    assert re.search(r"^resnet50 64 b2 +0 +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
+
+
 def test_bench_fullsize_says_why_pytorch_does_not_run(tmp_path):
     """An interpreter without torch, and one with torch where minilms does not import (the
     PyTorch worker builds its net with minilms' zoo): each named, with what to do."""

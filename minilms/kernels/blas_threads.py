@@ -35,7 +35,7 @@ import numpy as np
 
 from . import mkl
 
-__all__ = ["MIN_FLOPS", "matmul", "parts", "run_workers"]
+__all__ = ["MIN_FLOPS", "libraries", "matmul", "parts", "run_workers"]
 
 MIN_FLOPS = 2e7     # about 0.1 ms of BLAS work: smaller products stay in one call
 
@@ -53,7 +53,7 @@ def _forget_threads() -> None:
 os.register_at_fork(after_in_child=_forget_threads)
 
 
-def _libraries():
+def libraries():
     """The BLAS libraries' thread controls (threadpoolctl's), found once; [] without any."""
     if _shared["libraries"] is None:
         try:
@@ -112,9 +112,9 @@ def matmul(a, b, out=None, accumulate: bool = False, by_rows: bool = False):
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         out = np.empty(batch + (a.shape[-2], b.shape[-1]), np.result_type(a, b))
     threads = numba.get_num_threads()
-    libraries = _libraries()
+    controls = libraries()
     extra = (True,) if accumulate else ()
-    if (threads < 2 or not libraries or out.ndim not in (2, 3)
+    if (threads < 2 or not controls or out.ndim not in (2, 3)
             or 2.0 * out.size * a.shape[-1] < MIN_FLOPS):
         _product(a, b, out, mkl.library_for(a, out), *extra)
         return out
@@ -123,7 +123,7 @@ def matmul(a, b, out=None, accumulate: bool = False, by_rows: bool = False):
     if len(pieces) < 2:
         _product(a, b, out, library, *extra)
         return out
-    _hold_blas(libraries)
+    _hold_blas(controls)
     try:
         pending = [_pool(len(pieces) - 1).submit(_product, *piece, library, *extra)
                    for piece in pieces[1:]]
@@ -131,7 +131,7 @@ def matmul(a, b, out=None, accumulate: bool = False, by_rows: bool = False):
         for job in pending:
             job.result()
     finally:
-        _release_blas(libraries)
+        _release_blas(controls)
     return out
 
 
@@ -145,15 +145,15 @@ def run_workers(work, count: int) -> None:
         if count == 1:
             work(0)
         return
-    libraries = _libraries()
-    _hold_blas(libraries)
+    controls = libraries()
+    _hold_blas(controls)
     try:
         pending = [_pool(count - 1).submit(work, i) for i in range(1, count)]
         work(0)
         for job in pending:
             job.result()
     finally:
-        _release_blas(libraries)
+        _release_blas(controls)
 
 
 def _hold_blas(libraries) -> None:

@@ -23,7 +23,7 @@ def three_threads(monkeypatch):
 
     def recording(a, b, out, library):
         seen.append((threading.get_ident(), out.shape,
-                     [lib.num_threads for lib in blas_threads._libraries()]))
+                     [lib.num_threads for lib in blas_threads.libraries()]))
         product(a, b, out, library)
 
     monkeypatch.setattr(blas_threads, "_product", recording)
@@ -57,7 +57,7 @@ def test_matmul_is_the_product_dealt_out(three_threads, shape_a, shape_b, axis, 
     pieces = blas_threads.parts(out.shape, THREADS)
     assert len(three_threads) == len(pieces) == THREADS
     assert {p[0] for p in pieces} == {axis}
-    assert blas_threads._libraries()    # numpy's OpenBLAS: each piece on one BLAS thread
+    assert blas_threads.libraries()    # numpy's OpenBLAS: each piece on one BLAS thread
     assert all(counts == [1] * len(counts) for _, _, counts in three_threads)
     idents = [ident for ident, _, _ in three_threads]   # one piece the caller's, two helpers'
     assert idents.count(threading.get_ident()) == 1
@@ -135,7 +135,7 @@ def test_small_products_and_one_thread_are_one_call(monkeypatch):
 
 
 def test_blas_thread_counts_come_back(three_threads):
-    libraries = blas_threads._libraries()
+    libraries = blas_threads.libraries()
     before = [lib.num_threads for lib in libraries]
     rng = np.random.default_rng(6)
     a, b = _operands(rng, (6, 20, 10), (6, 10, 20))
@@ -164,7 +164,7 @@ def test_run_workers_runs_each_worker_once_with_blas_on_one_thread(three_threads
     """Each index once, on as many threads as workers (the caller takes 0), BLAS held to one
     thread meanwhile and given back after; a worker's error reaches the caller."""
     import threading
-    libraries = blas_threads._libraries()
+    libraries = blas_threads.libraries()
     before = [lib.num_threads for lib in libraries]
     seen, lock = [], threading.Lock()
     together = threading.Barrier(3, timeout=10)     # all three at once, or it breaks

@@ -141,27 +141,29 @@ def test_where_the_windows_pay():
 
 
 def test_the_engine_takes_it_where_it_pays_and_needs_no_columns():
-    geometry = ((3, 3), (1, 1), (1, 1), (1, 1))
-    engine = DirectConvolution((8, 64, 28, 28), (64, 64, 3, 3), 1, geometry, chunk=8,
+    """A strided 3x3 (a stride-1 one of these shapes goes to Winograd's, ahead of the
+    windows)."""
+    geometry = ((3, 3), (2, 2), (1, 1), (1, 1))
+    engine = DirectConvolution((8, 64, 56, 56), (64, 64, 3, 3), 1, geometry, chunk=8,
                                max_workspace=64 * MiB)
-    assert engine.window_slots == 8 and engine.covers_all
-    assert engine.elements == windows.workspace_elements((8, 64, 28, 28), (64, 64, 3, 3),
+    assert engine.window_slots == 8 and engine.covers_all and engine.winograd_slots == 0
+    assert engine.elements == windows.workspace_elements((8, 64, 56, 56), (64, 64, 3, 3),
                                                          geometry, 8)
-    small = DirectConvolution((8, 16, 28, 28), (16, 16, 3, 3), 1, geometry, chunk=8,
+    small = DirectConvolution((8, 16, 56, 56), (16, 16, 3, 3), 1, geometry, chunk=8,
                               max_workspace=64 * MiB)
     assert small.window_slots == 0
     # a workspace too small for one slot: the other paths
-    tight = DirectConvolution((8, 64, 28, 28), (64, 64, 3, 3), 1, geometry, chunk=8,
+    tight = DirectConvolution((8, 64, 56, 56), (64, 64, 3, 3), 1, geometry, chunk=8,
                               max_workspace=4 * 64 * 64 * 9 * 2)
     assert tight.window_slots == 0
 
 
 def test_the_layer_runs_it_and_agrees_with_the_reference_engine(monkeypatch):
-    """``engine: auto`` on a ResNet-like 3x3 (64 channels, 28x28, bias) runs the windows
-    (im2col + GEMM broken here), with a smaller workspace, and agrees with ``engine:
+    """``engine: auto`` on a ResNet-like strided 3x3 (64 channels, 56x56 to 28x28, bias) runs
+    the windows (im2col + GEMM broken here), with a smaller workspace, and agrees with ``engine:
     reference`` to float32 rounding."""
     rng = np.random.default_rng(5)
-    shape, out = (3, 64, 28, 28), 48
+    shape, out = (3, 64, 56, 56), 48
     x = rng.standard_normal(shape).astype(np.float32)
     params = {"weight": rng.standard_normal((out, 64, 3, 3)).astype(np.float32),
               "bias": rng.standard_normal(out).astype(np.float32)}
@@ -169,7 +171,7 @@ def test_the_layer_runs_it_and_agrees_with_the_reference_engine(monkeypatch):
     results, sizes = {}, {}
     for engine in ("reference", "auto"):
         conv = Convolution("conv", ["x"], ["y"], num_output=out, kernel_size=3, pad=1,
-                           engine=engine)
+                           stride=2, engine=engine)
         conv.setup([shape], device_kind="cpu")
         sizes[engine] = conv.elements
         with monkeypatch.context() as patch:

@@ -92,7 +92,10 @@ CASES = {
         lambda rng, n, dt: (make("Convolution", num_output=256, kernel_size=3, pad=1),
                             [batch(rng, dt, n, 256, 7, 7)], None),
         lambda rng, n, dt: (make("Convolution", num_output=512, kernel_size=1, stride=2),
-                            [batch(rng, dt, n, 1024, 7, 7)], None)],
+                            [batch(rng, dt, n, 1024, 7, 7)], None),
+        # a 3x3 into 14x14 with 48 channels: Winograd's (kernels/direct/winograd.py)
+        lambda rng, n, dt: (make("Convolution", num_output=48, kernel_size=3, pad=1),
+                            [batch(rng, dt, n, 48, 14, 14)], None)],
     "InnerProduct": [
         lambda rng, n, dt: (make("InnerProduct", num_output=5), [batch(rng, dt, n, 3, 2, 2)],
                             None),

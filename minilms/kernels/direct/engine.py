@@ -5,10 +5,11 @@ float32 elements the layer's workspace must hold on top of its own needs), ``for
 ``backward``. It takes what it does faster than im2col + GEMM and leaves the rest to the layer:
 ``forward`` says whether it wrote ``y``; ``backward`` returns the gradients it did not compute
 (None where it wrote them), which the layer then computes by im2col + GEMM. Which path is faster
-was measured per kernel shape (``scripts/bench_kernels.py``, ``scripts/bench_windows.py``;
-``docs/benchmarks.md``) and is written down in the ``pays`` rules of ``windows``, ``conv``,
-``input_grad`` and ``weight_grad``. 1x1 convolutions go to ``pointwise``; then, where they pay,
-the row windows take a layer whole; what is left goes kernel by kernel.
+was measured per kernel shape (``scripts/bench_kernels.py``, ``scripts/bench_windows.py``,
+``scripts/bench_winograd.py``; ``docs/benchmarks.md``) and is written down in the ``pays`` rules
+of ``winograd``, ``windows``, ``conv``, ``input_grad`` and ``weight_grad``. 1x1 convolutions go
+to ``pointwise``; then, where they pay, Winograd's (3x3, stride 1) or else the row windows take a
+layer whole; what is left goes kernel by kernel.
 
 It covers float32 convolutions without groups on the ``cpu`` device; anything else (float64, the
 gradient checks; groups; ``cuda``) is left whole to the reference.
@@ -16,7 +17,7 @@ gradient checks; groups; ``cuda``) is left whole to the reference.
 from .. import slotted
 from ..im2col import conv_out_size
 from ..registry import on_cpu
-from . import conv, input_grad, pointwise, weight_grad, windows
+from . import conv, input_grad, pointwise, weight_grad, windows, winograd
 from .vector_ir import VL
 
 __all__ = ["DirectConvolution"]
@@ -34,9 +35,11 @@ class DirectConvolution:
     def __init__(self, x_shape, weight_shape, groups: int, geometry, chunk: int,
                  max_workspace: int):
         self.geometry, self.groups, self.chunk = geometry, groups, chunk
+        self.batch = x_shape[0]
         self.elements = 0
         self.pointwise = bool(chunk) and pointwise.applies(weight_shape, geometry)
         self.window_slots = 0       # > 0: the row windows run it all, with this many workers
+        self.winograd_slots = 0     # > 0: Winograd's F(2x2, 3x3) runs it all, likewise
         self.slots = 1              # pointwise: samples per product (``slotted.count``)
         # which input gradient runs here ("direct", "lanes", or None: im2col + GEMM's), and
         # whether the weight gradient does: the backward leaves the rest to the layer
@@ -51,6 +54,13 @@ class DirectConvolution:
             self.slots = slotted.count(out_h * out_w, samples, chunk, out * x_shape[1])
             self.elements = pointwise.workspace_elements(x_shape, out, out_h * out_w, chunk,
                                                          (sh, sw) != (1, 1), self.slots)
+            return
+        if winograd.pays(weight_shape, geometry, out_h * out_w):
+            self.winograd_slots = winograd.slot_count(x_shape, weight_shape, ph,
+                                                      max_workspace // 4)
+        if self.winograd_slots:
+            self.elements = winograd.workspace_elements(x_shape, weight_shape, ph,
+                                                        self.winograd_slots)
             return
         if windows.pays(weight_shape, geometry, out_h * out_w):
             self.window_slots = windows.slot_count(x_shape, weight_shape, geometry,
@@ -82,7 +92,7 @@ class DirectConvolution:
         """Whether this engine runs every part of the forward and the backward here (float32,
         no groups, on the ``cpu`` device), so the layer needs no workspace of its own there."""
         return self.chunk >= 1 and self.groups == 1 and (
-            self.pointwise or self.window_slots > 0 or (
+            self.pointwise or self.window_slots > 0 or self.winograd_slots > 0 or (
                 self.forward_direct and self.dx_path is not None and self.dw_direct))
 
     def _applies(self, array) -> bool:
@@ -95,6 +105,10 @@ class DirectConvolution:
             return False
         if self.pointwise:
             pointwise.forward(x, weight, bias, y, work, self.chunk, self.geometry, self.slots)
+            return True
+        if self.winograd_slots:
+            winograd.forward(x, weight, bias, y, work, self.winograd_slots, self.geometry,
+                             self.batch)
             return True
         if self.window_slots:
             windows.forward(x, weight, bias, y, work, self.window_slots, self.geometry)
@@ -116,6 +130,10 @@ class DirectConvolution:
                                      self.slots)
             if dweight is not None or dbias is not None:
                 pointwise.weight_grad(x, dy, dweight, dbias, work, self.chunk, self.geometry)
+            return None, None, None
+        if self.winograd_slots:
+            winograd.backward(x, dy, weight, dx, dweight, dbias, work, self.winograd_slots,
+                              self.geometry, self.batch)
             return None, None, None
         if self.window_slots:
             windows.backward(x, dy, weight, dx, dweight, dbias, work, self.window_slots,

@@ -1,0 +1,285 @@
+"""3x3 stride-1 convolutions by Winograd's minimal filtering F(m x m, 3 x 3) (Lavin and Gray,
+Fast Algorithms for Convolutional Neural Networks, 2016), m = 2 or 4.
+
+An ``m x m`` tile of the output is ``A^T [(G g G^T) * (B^T d B)] A``, with ``d`` the ``a x a``
+input patch under it (``a = m + 2``), ``g`` a 3x3 kernel and ``*`` the product element by
+element. Summed over the input channels, each of the ``a^2`` positions ``k`` of a transformed
+tile is a GEMM over channels, for a block of tiles at once::
+
+    U[k] = (G g G^T)[k]     [O, C]          once per step
+    V[k] = (B^T d B)[k]     [tiles, C]      per block of tiles
+    M[k] = V[k] @ U[k]^T    [tiles, O]      a^2 GEMMs
+    y    = A^T M A          per tile
+
+``a^2 / m^2`` multiplications per output and channel pair instead of 9: 2.25x fewer FLOPs for
+F(2, 3), 4x for F(4, 3).
+
+The gradients are the same steps with the roles moved:
+
+* ``dx`` is the forward's convolution of ``dy`` with the kernel turned half round and its
+  channels swapped, padded by ``2 - pad``: the forward itself.
+* ``dW``: ``sum dy . y`` is ``sum over tiles t, positions k of (A dy_t A^T)[k] (G g G^T)[k] (B^T
+  d_t B)[k]``, so ``dW = G^T [sum_t (A dy_t A^T) (B^T d_t B)] G``: per ``k`` a GEMM summed
+  over tiles, ``Mw[k] = Y[k]^T @ V[k]`` (``[O, C]``), with ``Y[k]`` ``dy``'s ``m x m`` tiles
+  turned by ``A`` (``a x m``) as the input's are by ``B^T``.
+
+Channels last (``winograd_tiles``, the kernels): a worker copies its sample, or on a small
+plane a group of samples, to ``[H, W, C]`` (padded), so that every loop of the transforms runs
+along the channels at unit stride, turns a block of its tiles, runs the ``a^2`` GEMMs and turns
+them back into an ``[OH, OW, O]`` copy of the output, all in its own core's cache, then copies
+that into ``y``. The whole sample is one call of a Numba kernel (``nogil``) that calls
+``cblas_sgemm`` itself (``kernels.cblas``): through Python, the GEMMs' calls held the GIL longer
+than the GEMMs ran. This module lays out the workspace, transforms the kernel (a GEMM with ``K
+[a^2, 9]``) and deals the samples out to workers.
+
+Deterministic: a block's GEMMs always have the same shape (a sample's tiles are cut into the same
+blocks; a group short of samples has zero rows), a GEMM is one thread's, and a row's bits depend
+only on its own data and the shape, not on where it sits (checked on both libraries), so the
+forward and ``dx`` of a sample are its own: a split step's equal the whole step's.
+``dW`` sums blocks in sample order per worker, then the workers' sums: its bits depend on the
+thread count and are regrouped when a step is split, as the row windows' are. Against the direct
+product the result differs by the transforms' float32 rounding (the tests bound it against a
+float64 loop: F(4, 3)'s is about ten times F(2, 3)'s).
+"""
+import numba
+import numpy as np
+
+from .. import cblas, mkl
+from ..blas_threads import run_workers
+from .weight_grad import bias_grad
+from .winograd_tiles import convolve_samples, matrices, weight_sums
+
+__all__ = ["applies", "pays", "tile_size", "MAX_SLOTS", "kernel_matrix", "workspace_elements",
+           "slot_count", "forward", "backward"]
+
+
+def applies(weight_shape, geometry) -> bool:
+    """3x3, stride 1, no dilation, the same padding of at most 2 on every side (``dx``'s is
+    ``2 - pad``)."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
+    return (len(weight_shape) == 4 and (kh, kw, sh, sw, dh, dw) == (3, 3, 1, 1, 1, 1)
+            and ph == pw and 0 <= ph <= 2)
+
+
+# Measured (scripts/bench_winograd.py; docs/benchmarks.md): faster than the row windows on
+# output planes of at least WINOGRAD_PLANE with at least WINOGRAD_CHANNELS channels in and out.
+WINOGRAD_PLANE = 14 * 14
+WINOGRAD_CHANNELS = 48
+
+
+def pays(weight_shape, geometry, out_plane: int) -> bool:
+    """Where it measured faster than the other paths (above)."""
+    return applies(weight_shape, geometry) and out_plane >= WINOGRAD_PLANE and \
+        min(weight_shape[0], weight_shape[1]) >= WINOGRAD_CHANNELS
+
+
+def tile_size(weight_shape, out_hw) -> int:
+    """m: F(4, 3) where ``m = 4`` tiles cover the plane as well as ``m = 2`` do, else F(2, 3)."""
+    waste4 = (-(-out_hw[0] // 4) * 4) * (-(-out_hw[1] // 4) * 4)
+    waste2 = (-(-out_hw[0] // 2) * 2) * (-(-out_hw[1] // 2) * 2)
+    return 4 if waste4 <= waste2 else 2
+
+
+# At most this many workers, each with its buffers in the workspace: as windows.MAX_SLOTS, a
+# fixed number, so that the workspace (and so a plan) does not depend on the machine's threads.
+MAX_SLOTS = 4
+MAX_BLOCK = 256     # tiles per block at most: a sample's tiles in equal blocks
+GROUP_TILES = 128   # a plane of fewer tiles goes in a group of samples, about this many tiles
+
+
+class _Layout:
+    """One direction's sizes (``x`` to ``y``, or ``dy`` to ``dx``) for a layer of ``batch``
+    samples: tiles, blocks and a worker's buffers, channels last. A block is a part of a sample's
+    tiles or, on a small plane, the tiles of a group of ``group`` samples (the rows of a missing
+    sample's 0, so that a block's GEMMs always have the same shape, whatever the chunk). Per
+    worker: the inputs padded, ``xt [group, m th + 2, m tw + 2, C]``, a block's ``V [a^2, block,
+    C]`` and ``M [a^2, block, O]``, the outputs ``yt [group, m th, m tw, O]``."""
+
+    def __init__(self, in_shape, out_shape, m, batch):
+        self.m, self.alpha = m, m + 2
+        self.channels, self.out = in_shape[1], out_shape[1]
+        self.tiles_h, self.tiles_w = -(-out_shape[2] // m), -(-out_shape[3] // m)
+        self.tiles = tiles = self.tiles_h * self.tiles_w
+        self.group = 1
+        if tiles < GROUP_TILES:     # evened out over the batch, and a group for each worker
+            most = max(1, min(GROUP_TILES // tiles, batch // MAX_SLOTS))
+            self.group = -(-batch // -(-batch // most))
+        if self.group > 1:
+            self.block = self.group * tiles
+        else:
+            self.block = -(-tiles // -(-tiles // MAX_BLOCK))
+        th, tw, k, g = self.tiles_h, self.tiles_w, self.alpha ** 2, self.group
+        self.shapes = ((g, m * th + 2, m * tw + 2, self.channels),
+                       (k, self.block, self.channels), (k, self.block, self.out),
+                       (g, m * th, m * tw, self.out))
+        self.worker = sum(int(np.prod(s)) for s in self.shapes)
+
+    def buffers(self, room):
+        """``room`` (``self.worker`` elements) as ``xt, V, M, yt``."""
+        arrays, at = [], 0
+        for shape in self.shapes:
+            size = int(np.prod(shape))
+            arrays.append(room[at:at + size].reshape(shape))
+            at += size
+        return arrays
+
+
+def _layouts(x_shape, weight_shape, pad, batch=None):
+    """The forward's and the input gradient's layouts (``dx`` is the forward of ``dy``) for a
+    layer of ``batch`` samples (default ``x_shape``'s: a chunk's layouts are its layer's)."""
+    batch = x_shape[0] if batch is None else batch
+    out = (x_shape[0], weight_shape[0], x_shape[2] + 2 * pad - 2, x_shape[3] + 2 * pad - 2)
+    m = tile_size(weight_shape, out[2:])
+    return _Layout(x_shape, out, m, batch), _Layout(out, x_shape, m, batch)
+
+
+def _kernel_size(weight_shape, m):
+    return (m + 2) ** 2 * weight_shape[0] * weight_shape[1]
+
+
+def workspace_elements(x_shape, weight_shape, pad, slots: int) -> int:
+    """``U`` and the first worker's ``dW`` sums (``a^2 O C`` each), then each worker's buffers
+    (the larger of the forward's and ``dx``'s)."""
+    layouts = _layouts(x_shape, weight_shape, pad)
+    return 2 * _kernel_size(weight_shape, layouts[0].m) + slots * max(
+        layout.worker for layout in layouts)
+
+
+def slot_count(x_shape, weight_shape, pad, elements: int) -> int:
+    """The workers ``elements`` hold: at most ``MAX_SLOTS`` and the batch's groups (0: not even
+    one)."""
+    layouts = _layouts(x_shape, weight_shape, pad)
+    kernel = _kernel_size(weight_shape, layouts[0].m)
+    groups = -(-x_shape[0] // layouts[0].group)
+    return max(0, min(MAX_SLOTS, groups, (elements - 2 * kernel) //
+                      max(layout.worker for layout in layouts)))
+
+
+def kernel_matrix(m: int, turned: bool = False):
+    """``K [a^2, 9]``, ``K[i * a + j, 3 t + s] = G[i, t] G[j, s]``: ``(G g G^T)[k] = sum over
+    taps of K[k, tap] g[tap]``, so the whole kernel's transform is one GEMM. ``turned``: of the
+    kernel turned half round (its taps in reverse order)."""
+    g = matrices(m, np.float64)[1]
+    k = np.einsum("it,js->ijts", g, g).reshape((m + 2) ** 2, 9)
+    return np.ascontiguousarray((k[:, ::-1] if turned else k).astype(np.float32))
+
+
+def transform_weights(weight, u, m: int, turned: bool, workers: int) -> None:
+    """``u[k, o, c] = (G w[o, c] G^T)[k]`` (turned half round where ``turned``: ``dx``'s, the
+    forward of ``dy`` with the channels' roles swapped): ``K @ w^T``, ``[a^2, 9] @ [9, O C]``."""
+    _in_parts(kernel_matrix(m, turned), weight.reshape(-1, 9).T, u.reshape(u.shape[0], -1),
+              workers, by_rows=False)
+
+
+def restore_weights(mw, dweight, m: int, workers: int) -> None:
+    """``dweight[o, c] = G^T Mw[:, o, c] G``: ``Mw^T @ K``, ``[O C, a^2] @ [a^2, 9]``."""
+    _in_parts(mw.reshape(mw.shape[0], -1).T, kernel_matrix(m), dweight.reshape(-1, 9),
+              workers, by_rows=True)
+
+
+def _in_parts(a, b, out, workers: int, by_rows: bool) -> None:
+    """``out = a @ b``, ``out``'s rows (or columns) dealt to ``workers`` with one BLAS thread
+    each (``run_workers``): left to BLAS's own threads, OpenBLAS's would spin after the call, on
+    the cores the workers that come next run on."""
+    n = out.shape[0 if by_rows else 1]
+    cuts = [slice(n * t // workers, n * (t + 1) // workers) for t in range(workers)]
+    library = mkl.library_for(a, out)
+    if by_rows:
+        run_workers(lambda t: mkl.product(a[cuts[t]], b, out[cuts[t]], library), workers)
+    else:
+        run_workers(lambda t: mkl.product(a, b[:, cuts[t]], out[:, cuts[t]], library), workers)
+
+
+def _deal(samples: int, slots: int, group: int):
+    """Each worker's samples, a contiguous run ``(first, stop)`` of whole groups: a worker per
+    thread, at most one per slot."""
+    groups = -(-samples // group)
+    workers = max(1, min(numba.get_num_threads(), slots, groups))
+    return [(min(samples, group * (groups * t // workers)),
+             min(samples, group * (groups * (t + 1) // workers))) for t in range(workers)]
+
+
+def _rooms(work, slots, kernel, layout):
+    """Each worker's buffers, after ``U`` and ``dW``'s sums."""
+    return [layout.buffers(work[2 * kernel + t * layout.worker:2 * kernel + (t + 1) *
+                                layout.worker]) for t in range(slots)]
+
+
+def _gemm():
+    """The ``cblas_sgemm`` the blocks' products run on: the chosen library's (``mkl.chosen``),
+    whatever their size (``mkl.MIN_FLOPS`` does not apply: called from Numba, a product costs no
+    Python; and from two workers at once OpenBLAS's small products measured slower than MKL's
+    and did not scale); the other where that one has none."""
+    chosen = mkl.chosen()
+    gemm = cblas.sgemm(chosen) or cblas.sgemm("openblas" if chosen == "mkl" else "mkl")
+    if gemm is None:
+        raise RuntimeError("no cblas_sgemm found in MKL or numpy's OpenBLAS for the Winograd "
+                           "convolutions (minilms.kernels.cblas)")
+    return gemm
+
+
+def _convolve(x, u, u_trans, bias, y, work, slots, pad, layout):
+    """``y = conv(x) + bias`` with the transformed kernel ``u`` (``convolve_samples``): a run of
+    samples per worker."""
+    rooms = _rooms(work, slots, u.size, layout)
+    runs = _deal(x.shape[0], slots, layout.group)
+    shift = bias if bias is not None else np.zeros(y.shape[1], np.float32)
+    gemm = _gemm()
+
+    def worker(t):
+        convolve_samples(gemm, x, *runs[t], u, u_trans, shift, y, pad, layout.group,
+                         layout.block, layout.tiles_w, layout.m, *rooms[t])
+
+    run_workers(worker, len(runs))
+
+
+def _kernel(work, weight, m):
+    return work[:_kernel_size(weight.shape, m)].reshape((m + 2) ** 2, *weight.shape[:2])
+
+
+def forward(x, weight, bias, y, work, slots, geometry, batch) -> None:
+    """``y = conv(x, weight) + bias`` (bias may be None) through ``work``
+    (``workspace_elements`` for ``slots``); ``x`` is all or a chunk of a layer of ``batch``
+    samples."""
+    pad = geometry[2][0]
+    layout = _layouts(x.shape, weight.shape, pad, batch)[0]
+    u = _kernel(work, weight, layout.m)
+    transform_weights(weight, u, layout.m, False, len(_deal(x.shape[0], slots, layout.group)))
+    _convolve(x, u, True, bias, y, work, slots, pad, layout)
+
+
+def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry, batch) -> None:
+    """The gradients (each overwritten; None where not wanted) through ``work``
+    (``workspace_elements`` for ``slots``); ``x`` as in ``forward``."""
+    samples, out = dy.shape[0], dy.shape[1]
+    pad = geometry[2][0]
+    if dbias is not None:
+        bias_grad(dy.reshape(samples, out, -1), dbias)
+    layout, turned = _layouts(x.shape, weight.shape, pad, batch)
+    workers = len(_deal(samples, slots, layout.group))
+    if dweight is not None:
+        kernel = _kernel_size(weight.shape, layout.m)
+        mw = work[kernel:2 * kernel].reshape(layout.alpha ** 2, out, weight.shape[1])
+        _weight_sums(x, dy, mw, work, slots, pad, layout)
+        restore_weights(mw, dweight, layout.m, workers)
+    if dx is not None:      # the forward of dy, the kernel turned round: u[k] is [in, out]
+        u = _kernel(work, weight, layout.m)
+        transform_weights(weight, u, layout.m, True, workers)
+        _convolve(dy, u, False, None, dx, work, slots, 2 - pad, turned)
+
+
+def _weight_sums(x, dy, mw, work, slots, pad, layout):
+    """``mw[k] = sum over tiles of V[k]^T @ Y[k]``: per worker (the first's in the workspace,
+    the others' temporaries, as the row windows'), then the workers' sums in worker order."""
+    rooms = _rooms(work, slots, mw.size, layout)
+    runs = _deal(x.shape[0], slots, layout.group)
+    sums = [mw] + [np.empty_like(mw) for _ in runs[1:]]
+    gemm = _gemm()
+
+    def worker(t):
+        weight_sums(gemm, x, dy, *runs[t], sums[t], pad, layout.group, layout.block,
+                    layout.tiles_w, layout.m, *rooms[t])
+
+    run_workers(worker, len(runs))
+    for other in sums[1:]:
+        mw += other

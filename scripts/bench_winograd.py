@@ -1,0 +1,181 @@
+"""Winograd's F(m x m, 3 x 3) convolutions (``kernels/direct/winograd.py``) against the ``cpu``
+device's other paths, layer by layer and in training.
+
+    python scripts/bench_winograd.py [--models resnet50:224:8 googlenet:224:8] [--pairs 12]
+
+Two parts, each alternating its contenders in one process (a VM's speed drifts):
+
+1. **layers**: every distinct 3x3 stride-1 convolution of the nets on a plane of 7x7 or more:
+   forward and backward (all three gradients) by im2col + GEMM (``conv_cpu``), by the row
+   windows and by Winograd's with F(2, 3) and F(4, 3), alternating call by call, hot in cache;
+   the median ms of each, Winograd's (the rule's m) ratio to the best other path, whether the
+   engine takes it there (``winograd.pays``), and its forward's largest error against a float64
+   reference, relative to the output's largest magnitude;
+2. **training**: each net LMS off, built twice (Winograd's where it pays, and nowhere), its
+   iterations alternating in pairs (``bench_windows.time_training``).
+
+``--smoke``: tiny, for the test suite.
+"""
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def layer_shapes(nets):
+    """``(name, x shape, weight shape, pad)`` of each distinct 3x3 stride-1 convolution on a
+    plane of at least 7x7, in the nets' order."""
+    from minilms.kernels.direct import winograd
+    shapes = {}
+    for net in nets:
+        for layer in net.layers:
+            if layer.type != "Convolution" or layer.groups != 1:
+                continue
+            weight = (layer.num_output, layer.in_group) + layer.kernel_size
+            geometry = layer._geometry()
+            if winograd.applies(weight, geometry) and layer.out_h * layer.out_w >= 49:
+                shapes.setdefault((layer.bottom_shapes[0], weight, geometry[2][0]), layer.name)
+    return [(name,) + key for key, name in shapes.items()]
+
+
+@contextlib.contextmanager
+def tiles_of(m):
+    """Winograd's calls inside take F(m, 3), whatever the plane."""
+    from minilms.kernels.direct import winograd
+    rule = winograd.tile_size
+    winograd.tile_size = lambda *args: m
+    try:
+        yield
+    finally:
+        winograd.tile_size = rule
+
+
+def paths(x, weight, dy, pad):
+    """``{path: (forward, backward)}``, each a call with its outputs and workspace bound."""
+    import numpy as np
+
+    from minilms.kernels import conv_cpu
+    from minilms.kernels.direct import windows, winograd
+    geometry = ((3, 3), (1, 1), (pad, pad), (1, 1))
+    y, dx, dw = np.empty_like(dy), np.empty_like(x), np.empty_like(weight)
+    samples = x.shape[0]
+    columns = np.empty(samples * (weight[0].size + weight.shape[0]) * dy[0, 0].size, np.float32)
+    slots = windows.slot_count(x.shape, weight.shape, geometry, 2**31)
+    rows = np.empty(windows.workspace_elements(x.shape, weight.shape, geometry, slots),
+                    np.float32)
+    ways = {
+        "im2col + GEMM": (
+            lambda: conv_cpu.conv_forward(x, weight, None, y, columns, samples, geometry),
+            lambda: conv_cpu.conv_backward(x, dy, weight, dx, dw, None, columns, samples,
+                                           geometry)),
+        "windows": (lambda: windows.forward(x, weight, None, y, rows, slots, geometry),
+                    lambda: windows.backward(x, dy, weight, dx, dw, None, rows, slots,
+                                             geometry))}
+    for m in (2, 4):
+        with tiles_of(m):
+            slots_m = winograd.slot_count(x.shape, weight.shape, pad, 2**31)
+            work = np.empty(winograd.workspace_elements(x.shape, weight.shape, pad, slots_m),
+                            np.float32)
+
+        def forward(m=m, work=work, slots_m=slots_m):
+            with tiles_of(m):
+                winograd.forward(x, weight, None, y, work, slots_m, geometry, samples)
+
+        def backward(m=m, work=work, slots_m=slots_m):
+            with tiles_of(m):
+                winograd.backward(x, dy, weight, dx, dw, None, work, slots_m, geometry, samples)
+        ways[f"F({m}, 3)"] = (forward, backward)
+    return ways, y
+
+
+def forward_error(x, weight, pad, y):
+    """``max |y - reference| / max |reference|``, the reference in float64 (an einsum per
+    tap)."""
+    import numpy as np
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    out_h, out_w = y.shape[2:]
+    want = sum(np.einsum("oc,nchw->nohw", weight[:, :, i, j].astype(np.float64),
+                         xp[:, :, i:i + out_h, j:j + out_w])
+               for i in range(3) for j in range(3))
+    return float(np.abs(y - want).max() / np.abs(want).max())
+
+
+def time_layers(shapes, rounds):
+    import numpy as np
+    from bench_windows import alternate
+
+    from minilms.kernels.direct import winograd
+    rng = np.random.default_rng(0)
+    print(f"{'layer':16} {'input':>16} {'out':>4} {'pass':8} {'im2col':>7} {'windows':>7} "
+          f"{'F(2,3)':>7} {'F(4,3)':>7} {'m':>2} {'vs best':>7}  pays  {'error':>8}  (ms, "
+          "median of alternating calls)")
+    for name, x_shape, w_shape, pad in shapes:
+        out_hw = (x_shape[2] + 2 * pad - 2, x_shape[3] + 2 * pad - 2)
+        x = rng.standard_normal(x_shape, dtype=np.float32)
+        weight = (rng.standard_normal(w_shape, dtype=np.float32) /
+                  np.sqrt(9 * w_shape[1])).astype(np.float32)
+        dy = rng.standard_normal((x_shape[0], w_shape[0]) + out_hw, dtype=np.float32)
+        ways, y = paths(x, weight, dy, pad)
+        m = winograd.tile_size(w_shape, out_hw)
+        pays = winograd.pays(w_shape, ((3, 3), (1, 1), (pad, pad), (1, 1)),
+                             out_hw[0] * out_hw[1])
+        ways[f"F({m}, 3)"][0]()
+        error = forward_error(x, weight, pad, y)
+        for index, label in ((0, "forward"), (1, "backward")):
+            gemm, rows, f2, f4 = alternate([way[index] for way in ways.values()], rounds)
+            ours = f2 if m == 2 else f4
+            print(f"{name:16} {'x'.join(map(str, x_shape)):>16} {w_shape[0]:4d} {label:8} "
+                  f"{gemm * 1e3:7.2f} {rows * 1e3:7.2f} {f2 * 1e3:7.2f} {f4 * 1e3:7.2f} "
+                  f"{m:2d} {min(gemm, rows) / ours:6.2f}x  {'yes' if pays else 'no ':3}  "
+                  f"{error:8.1e}")
+
+
+@contextlib.contextmanager
+def winograd_nowhere():
+    """Nets built inside take no Winograd (the engine asks ``winograd.pays``)."""
+    from minilms.kernels.direct import winograd
+    pays = winograd.pays
+    winograd.pays = lambda *args: False
+    try:
+        yield
+    finally:
+        winograd.pays = pays
+
+
+def takes_winograd(layer) -> bool:
+    return bool(getattr(getattr(layer, "fast", None), "winograd_slots", 0))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", nargs="+", default=["resnet50:224:8", "googlenet:224:8"],
+                   metavar="MODEL:SIZE:BATCH")
+    p.add_argument("--pairs", type=int, default=12, help="training iterations of each net")
+    p.add_argument("--rounds", type=int, default=9, help="calls of each path per layer shape")
+    p.add_argument("--smoke", action="store_true", help="tiny and quick: for the test suite")
+    args = p.parse_args(argv)
+    import minilms  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
+    import numpy as np
+
+    from bench_fullsize import build, parse_case
+    from bench_windows import time_training
+    cases = [parse_case(text) for text in args.models]
+    if args.smoke:
+        cases = [{"model": "resnet50", "size": 64, "batch": 2, "width": 16, "classes": 10}]
+        args.pairs, args.rounds = 1, 1
+    nets = [build(case, np)[0] for case in cases]
+    time_layers(layer_shapes(nets), args.rounds)
+    print(f"\n{'net (LMS off)':24} {'layers':>6} {'nowhere s':>9} {'Winograd s':>10} "
+          f"{'paired nowhere/Winograd':>24}")
+    for case in cases:
+        taken, off, on, paired = time_training(case, args.pairs, winograd_nowhere,
+                                               takes_winograd)
+        name = f"{case['model']} {case['size']} b{case['batch']}"
+        print(f"{name:24} {taken:6d} {off:9.3f} {on:10.3f} {paired:23.3f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""Winograd's F(m x m, 3 x 3) convolution (``kernels.direct.winograd``) against float64
+references that share no code with it (one einsum per tap), for m = 2 and 4: the written-out
+transforms against the matrices, the matrices against the direct correlation, forward, input,
+weight and bias gradients on random shapes (tiles in blocks of a sample, or samples in groups),
+garbage in the workspace, a sample's outputs whatever the chunk around it, the library and the
+threads; where the engine takes it, and the layer's ``auto`` engine against ``reference``."""
+import numba
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minilms.kernels import cblas, mkl
+from minilms.kernels.direct import DirectConvolution, winograd, winograd_tiles
+from minilms.layers.convolution import Convolution
+
+from ..layers.test_convolution_engines import run as run_layer
+from .test_conv_direct import reference, reference_input_grad
+from .test_conv_weight_grad import reference as reference_weight_grad
+
+MiB = 2**20
+LIBRARIES = [name for name in mkl.CHOICES if cblas.sgemm(name) is not None]
+# F(4, 3)'s transforms have entries up to 8 and 1/24: about ten times F(2, 3)'s rounding
+TOLERANCE = {2: 1e-5, 4: 1e-4}
+
+
+@pytest.fixture
+def tiles(monkeypatch):
+    """``tiles(m)``: the layers built after it take F(m, 3) (the rule picks it by the plane)."""
+    return lambda m: monkeypatch.setattr(winograd, "tile_size", lambda *args: m)
+
+
+def geometry(pad):
+    return (3, 3), (1, 1), (pad, pad), (1, 1)
+
+
+def run(x, weight, bias, dy, pad, slots, batch=None):
+    """Forward and backward through a NaN-filled workspace into NaN-filled outputs, so that
+    anything read before it is written, or left unwritten, shows."""
+    batch = x.shape[0] if batch is None else batch
+    work = np.full(winograd.workspace_elements((batch,) + x.shape[1:], weight.shape, pad, slots),
+                   np.nan, np.float32)
+    y = np.full(dy.shape, np.nan, np.float32)
+    dx, dw = np.full_like(x, np.nan), np.full_like(weight, np.nan)
+    db = None if bias is None else np.full(weight.shape[0], np.nan, np.float32)
+    winograd.forward(x, weight, bias, y, work, slots, geometry(pad), batch)
+    work[:] = np.nan
+    winograd.backward(x, dy, weight, dx, dw, db, work, slots, geometry(pad), batch)
+    return y, dx, dw, db
+
+
+def correlate(d, g):
+    """The valid 3x3 correlation of a square patch ``d`` with ``g``, float64, by loops."""
+    size = d.shape[0] - 2
+    return np.array([[np.sum(d[i:i + 3, j:j + 3] * g) for j in range(size)]
+                     for i in range(size)])
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_the_matrices_compute_the_correlation(m):
+    """``A^T [(G g G^T) * (B^T d B)] A`` is the correlation of ``d`` with ``g``: the
+    matrices themselves, in float64."""
+    bt, g, at = winograd_tiles.matrices(m, np.float64)
+    rng = np.random.default_rng(m)
+    for _ in range(5):
+        d, kernel = rng.standard_normal((m + 2, m + 2)), rng.standard_normal((3, 3))
+        tile = at @ ((g @ kernel @ g.T) * (bt @ d @ bt.T)) @ at.T
+        np.testing.assert_allclose(tile, correlate(d, kernel), rtol=1e-12, atol=1e-12)
+    k = winograd.kernel_matrix(m).astype(np.float64)
+    np.testing.assert_allclose(k @ kernel.ravel(), (g @ kernel @ g.T).ravel(), rtol=1e-6)
+    np.testing.assert_allclose(winograd.kernel_matrix(m, turned=True) @ kernel.ravel(),
+                               (g @ kernel[::-1, ::-1] @ g.T).ravel(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("grad", [False, True])
+def test_the_written_out_transforms_are_the_matrices(m, grad):
+    """``turn_tiles`` (``B^T d B``, or ``A e A^T`` for ``dy``'s tiles) and ``untile`` (``A^T M
+    A``) against the matrices of ``matrices``, tile by tile, on tiles that cross a row of
+    tiles, at an offset into the block."""
+    bt, _, at = winograd_tiles.matrices(m, np.float64)
+    turn = at.T if grad else bt
+    window, alpha, channels, tiles_w, rows_of_tiles = turn.shape[1], m + 2, 5, 3, 2
+    rng = np.random.default_rng(10 * m + grad)
+    src = rng.standard_normal((m * rows_of_tiles + 2, m * tiles_w + 2, channels)).astype(
+        np.float32)
+    first, count, at_column = 1, 4, 2
+    v = np.full((alpha * alpha, at_column + count + 1, channels), np.nan, np.float32)
+    winograd_tiles.turn_tiles(src, first, count, tiles_w, m, grad, v, at_column)
+    mm = rng.standard_normal(v.shape).astype(np.float32)
+    yt = np.full((m * rows_of_tiles, m * tiles_w, channels), np.nan, np.float32)
+    winograd_tiles.untile(mm, at_column, first, count, tiles_w, m, yt)
+    for k in range(count):
+        r, s = divmod(first + k, tiles_w)
+        d = src[m * r:m * r + window, m * s:m * s + window].astype(np.float64)
+        want = np.einsum("ia,abc,jb->ijc", turn, d, turn).reshape(alpha * alpha, channels)
+        np.testing.assert_allclose(v[:, at_column + k], want, rtol=1e-5, atol=1e-5)
+        tile = np.einsum("pi,ijc,qj->pqc", at, mm[:, at_column + k].astype(np.float64).reshape(
+            alpha, alpha, channels), at)
+        np.testing.assert_allclose(yt[m * r:m * r + m, m * s:m * s + m], tile, rtol=1e-5,
+                                   atol=1e-4)
+    assert np.isnan(v[:, :at_column]).all() and np.isnan(v[:, at_column + count:]).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 9), st.integers(1, 9), st.integers(1, 19),
+       st.integers(1, 19), st.integers(0, 2), st.sampled_from([2, 4]), st.integers(1, 3),
+       st.booleans(), st.integers(0, 2**31 - 1))
+def test_matches_the_definition(n, c, o, height, width, pad, m, slots, with_bias, seed):
+    if height + 2 * pad < 3 or width + 2 * pad < 3:
+        return
+    winograd_tile = winograd.tile_size
+    winograd.tile_size = lambda *args: m
+    try:
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((n, c, height, width)).astype(np.float32)
+        weight = rng.standard_normal((o, c, 3, 3)).astype(np.float32)
+        bias = rng.standard_normal(o).astype(np.float32) if with_bias else None
+        out_h, out_w = height + 2 * pad - 2, width + 2 * pad - 2
+        dy = rng.standard_normal((n, o, out_h, out_w)).astype(np.float32)
+        y, dx, dw, db = run(x, weight, bias, dy, pad, slots)
+    finally:
+        winograd.tile_size = winograd_tile
+    tol, args = TOLERANCE[m], geometry(pad)
+    want_y = reference(x, weight, np.zeros(o) if bias is None else bias, *args[1:])
+    np.testing.assert_allclose(y, want_y, rtol=tol, atol=tol * np.sqrt(9 * c))
+    want_dx = reference_input_grad(dy, weight, x.shape, *args[1:])
+    np.testing.assert_allclose(dx, want_dx, rtol=tol, atol=tol * np.sqrt(9 * o))
+    want_dw, want_db = reference_weight_grad(x, dy, *args)
+    terms = np.sqrt(n * out_h * out_w)
+    np.testing.assert_allclose(dw, want_dw, rtol=tol, atol=tol * terms)
+    if with_bias:
+        np.testing.assert_allclose(db, want_db, rtol=1e-5, atol=1e-5 * terms)
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_blocks_of_a_large_plane(tiles, m):
+    """A plane of more than ``MAX_BLOCK`` tiles, in blocks of a sample's tiles."""
+    tiles(m)
+    rng = np.random.default_rng(m)
+    x = rng.standard_normal((2, 6, 66, 70)).astype(np.float32)
+    weight = rng.standard_normal((7, 6, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((2, 7, 66, 70)).astype(np.float32)
+    layout = winograd._layouts(x.shape, weight.shape, 1)[0]
+    assert layout.group == 1 and layout.block < layout.tiles
+    y, dx, dw, _ = run(x, weight, None, dy, 1, 2)
+    tol, args = TOLERANCE[m], geometry(1)
+    np.testing.assert_allclose(y, reference(x, weight, np.zeros(7), *args[1:]), rtol=tol,
+                               atol=tol * 8)
+    np.testing.assert_allclose(dx, reference_input_grad(dy, weight, x.shape, *args[1:]),
+                               rtol=tol, atol=tol * 8)
+    np.testing.assert_allclose(dw, reference_weight_grad(x, dy, *args)[0], rtol=tol,
+                               atol=tol * 40)
+
+
+def test_gradients_it_is_not_asked_for_stay_untouched():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 4, 6, 6)).astype(np.float32)
+    weight = rng.standard_normal((5, 4, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((3, 5, 6, 6)).astype(np.float32)
+    work = np.empty(winograd.workspace_elements(x.shape, weight.shape, 1, 2), np.float32)
+    dx, dw = np.full_like(x, 7.0), np.full_like(weight, 7.0)
+    winograd.backward(x, dy, weight, None, dw, None, work, 2, geometry(1), 3)
+    assert np.all(dx == 7.0)
+    winograd.backward(x, dy, weight, dx, None, None, work, 2, geometry(1), 3)
+    np.testing.assert_allclose(dw, reference_weight_grad(x, dy, *geometry(1))[0], rtol=1e-4,
+                               atol=1e-3)
+    np.testing.assert_allclose(dx, reference_input_grad(dy, weight, x.shape, (1, 1), (1, 1),
+                                                        (1, 1)), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+@pytest.mark.parametrize("c, o, h, m", [(16, 24, 14, 2), (8, 8, 28, 4), (48, 16, 7, 4),
+                                        (8, 8, 40, 2)])
+def test_a_samples_results_do_not_depend_on_the_chunk_or_the_threads(tiles, library, c, o, h,
+                                                                    m):
+    """A step split along the batch gives the whole step's outputs and input gradient bit for
+    bit, in groups of samples (a missing sample's rows zero) and in blocks of a sample, with one
+    thread or several, on either library; the weight gradient only to rounding (summed per
+    worker)."""
+    tiles(m)
+    rng = np.random.default_rng(c + h)
+    n = 9       # groups of 2 on the small planes, the last one short
+    x = rng.standard_normal((n, c, h, h)).astype(np.float32)
+    weight = rng.standard_normal((o, c, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((n, o, h, h)).astype(np.float32)
+    chosen, threads = mkl.chosen(), numba.get_num_threads()
+    try:
+        mkl.use(library)
+        whole = run(x, weight, None, dy, 1, 3)
+        for cuts, count in (((0, 1, 4, 9), threads), ((0, 3, 5, 9), 1), ((0, 8, 9), threads)):
+            numba.set_num_threads(count)
+            parts = [run(x[a:b], weight, None, dy[a:b], 1, 3, batch=n)
+                     for a, b in zip(cuts, cuts[1:])]
+            for i, what in ((0, "forward"), (1, "input gradient")):
+                np.testing.assert_array_equal(np.concatenate([p[i] for p in parts]), whole[i],
+                                              err_msg=f"{what}, cuts {cuts}, {count} threads")
+            np.testing.assert_allclose(sum(p[2] for p in parts), whole[2], rtol=1e-3,
+                                       atol=1e-3)
+    finally:
+        numba.set_num_threads(threads)
+        mkl.use(chosen)
+
+
+def test_groups_and_blocks():
+    """A plane of fewer than ``GROUP_TILES`` tiles goes in groups of samples, evened out over
+    the batch and leaving a group for each of ``MAX_SLOTS`` workers; a larger one in equal
+    blocks of at most ``MAX_BLOCK`` tiles. Neither depends on the chunk: the layouts are the
+    layer's (``batch``)."""
+    weight = (256, 256, 3, 3)
+    layout = winograd._layouts((8, 256, 14, 14), weight, 1)[0]      # F(2, 3): 49 tiles
+    assert (layout.m, layout.group, layout.block) == (2, 2, 98)
+    assert winograd._layouts((3, 256, 14, 14), weight, 1, batch=8)[0].group == 2
+    assert winograd._layouts((64, 256, 14, 14), weight, 1)[0].group == 2  # 128 // 49
+    assert winograd._layouts((3, 256, 14, 14), weight, 1)[0].group == 1
+    big = winograd._layouts((8, 64, 56, 56), (64, 64, 3, 3), 1)[0]   # F(4, 3): 196 tiles
+    assert (big.m, big.group, big.block) == (4, 1, 196)
+    huge = winograd._layouts((1, 8, 224, 224), (8, 8, 3, 3), 1)[0]   # 3136 tiles
+    blocks = -(-huge.tiles // huge.block)
+    assert blocks == -(-huge.tiles // winograd.MAX_BLOCK)
+    assert (blocks - 1) * huge.block < huge.tiles <= blocks * huge.block
+    assert winograd._deal(7, 4, 2) in ([(0, 4), (4, 7)], [(0, 7)],
+                                       [(0, 2), (2, 4), (4, 6), (6, 7)])
+
+
+def test_the_workspace_does_not_depend_on_the_threads():
+    """The plan knows the workspace before the run: slots are fixed, not the thread count."""
+    shape, weight = (16, 64, 28, 28), (64, 64, 3, 3)
+    threads = numba.get_num_threads()
+    try:
+        counts = set()
+        for count in (1, threads):
+            numba.set_num_threads(count)
+            counts.add(winograd.slot_count(shape, weight, 1, 2**30))
+    finally:
+        numba.set_num_threads(threads)
+    assert counts == {winograd.MAX_SLOTS}
+    assert winograd.slot_count((3,) + shape[1:], weight, 1, 2**30) == 3
+    one = winograd.workspace_elements(shape, weight, 1, 1)
+    assert winograd.slot_count(shape, weight, 1, one) == 1
+    assert winograd.slot_count(shape, weight, 1, one - 1) == 0
+
+
+def test_where_it_pays_and_which_tiles():
+    """3x3 stride 1 on planes of 14x14 and more with 48 channels or more in and out; F(4, 3)
+    where 4x4 tiles cover the plane as closely as 2x2 ones."""
+    assert winograd.pays((64, 64, 3, 3), geometry(1), 56 * 56)
+    assert winograd.pays((256, 256, 3, 3), geometry(1), 14 * 14)
+    assert not winograd.pays((512, 512, 3, 3), geometry(1), 7 * 7)
+    assert not winograd.pays((32, 64, 3, 3), geometry(1), 28 * 28)
+    assert not winograd.pays((64, 16, 3, 3), geometry(1), 28 * 28)
+    assert not winograd.applies((64, 64, 3, 3), ((3, 3), (2, 2), (1, 1), (1, 1)))
+    assert not winograd.applies((64, 64, 5, 5), ((5, 5), (1, 1), (2, 2), (1, 1)))
+    assert not winograd.applies((64, 64, 3, 3), ((3, 3), (1, 1), (1, 1), (2, 2)))
+    assert not winograd.applies((64, 64, 3, 3), ((3, 3), (1, 1), (1, 0), (1, 1)))
+    assert not winograd.applies((64, 64, 3, 3), ((3, 3), (1, 1), (3, 3), (1, 1)))
+    assert winograd.tile_size((64, 64, 3, 3), (56, 56)) == 4
+    assert winograd.tile_size((64, 64, 3, 3), (28, 28)) == 4
+    assert winograd.tile_size((64, 64, 3, 3), (14, 14)) == 2
+
+
+def test_the_engine_takes_it_where_it_pays_and_needs_no_columns():
+    engine = DirectConvolution((8, 64, 28, 28), (64, 64, 3, 3), 1, geometry(1), chunk=8,
+                               max_workspace=64 * MiB)
+    assert engine.winograd_slots == winograd.MAX_SLOTS and engine.covers_all
+    assert engine.window_slots == 0
+    assert engine.elements == winograd.workspace_elements((8, 64, 28, 28), (64, 64, 3, 3), 1,
+                                                          winograd.MAX_SLOTS)
+    small = DirectConvolution((8, 16, 28, 28), (16, 16, 3, 3), 1, geometry(1), chunk=8,
+                              max_workspace=64 * MiB)
+    assert small.winograd_slots == 0
+    # a workspace too small for one slot: the other paths (here the row windows)
+    tight = DirectConvolution((8, 64, 28, 28), (64, 64, 3, 3), 1, geometry(1), chunk=8,
+                              max_workspace=4 * 64 * 64 * 9 * 2 + 2**20)
+    assert tight.winograd_slots == 0 and tight.window_slots > 0
+
+
+def test_the_layer_runs_it_and_agrees_with_the_reference_engine(monkeypatch):
+    """``engine: auto`` on a ResNet-like 3x3 (64 channels in, 48 out, 28x28, bias) runs
+    Winograd's (im2col + GEMM and the row windows broken here) and agrees with ``engine:
+    reference`` to float32 rounding."""
+    from minilms.kernels import conv_cpu
+    from minilms.kernels.direct import windows
+    rng = np.random.default_rng(5)
+    shape, out = (3, 64, 28, 28), 48
+    x = rng.standard_normal(shape).astype(np.float32)
+    params = {"weight": rng.standard_normal((out, 64, 3, 3)).astype(np.float32),
+              "bias": rng.standard_normal(out).astype(np.float32)}
+    dy = rng.standard_normal((3, out, 28, 28)).astype(np.float32)
+    results = {}
+    for engine in ("reference", "auto"):
+        conv = Convolution("conv", ["x"], ["y"], num_output=out, kernel_size=3, pad=1,
+                           engine=engine)
+        conv.setup([shape], device_kind="cpu")
+        with monkeypatch.context() as patch:
+            if engine == "auto":
+                assert conv.fast.winograd_slots and conv.engine_only
+                for module, name in ((conv_cpu, "conv_forward"), (conv_cpu, "conv_backward"),
+                                     (windows, "forward"), (windows, "backward")):
+                    patch.setattr(module, name, None)
+            results[engine] = run_layer(conv, x, dy, params)
+    got, want = results["auto"], results["reference"]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-3, atol=1e-3)
+    for key in ("weight", "bias"):
+        np.testing.assert_allclose(got[2][key], want[2][key], rtol=1e-3, atol=1e-2)
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_cblas_sgemm_is_the_product(library):
+    """``cblas.sgemm``'s function, called from a Numba kernel, gives numpy's product (both
+    transposes); an unknown library has none."""
+    from numba import njit
+
+    @njit
+    def product(gemm, a, b, out, trans_b):
+        k = a.shape[1]
+        gemm(cblas.ROW_MAJOR, cblas.NO_TRANS, cblas.TRANS if trans_b else cblas.NO_TRANS,
+             a.shape[0], out.shape[1], k, 1.0, a.ctypes.data, k, b.ctypes.data, b.shape[1],
+             0.0, out.ctypes.data, out.shape[1])
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((37, 19)).astype(np.float32)
+    b = rng.standard_normal((19, 23)).astype(np.float32)
+    out = np.empty((37, 23), np.float32)
+    product(cblas.sgemm(library), a, b, out, False)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+    bt = np.ascontiguousarray(b.T)
+    product(cblas.sgemm(library), a, bt, out, True)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+    assert cblas.sgemm("no such library") is None
