@@ -1,9 +1,10 @@
 """``cblas_sgemm`` as a C function that Numba kernels call from inside a ``nogil`` loop.
 
-Why: a kernel that runs many short products per sample (``direct.winograd``: 16 per block of
-tiles) spent more time in Python, in ``mkl.product``'s checks and ctypes' argument conversion
-(about 17 microseconds a call, under the GIL, so two workers wait for each other), than in the
-products. Numba calls a ctypes function pointer directly, for a fraction of a microsecond.
+Why: a kernel that runs many short products per sample (``direct.winograd``: 16 or 36 per block
+of tiles) spent more time in Python, in ``mkl.product``'s checks and ctypes' argument conversion
+(tens of microseconds a call, under the GIL, so two workers wait for each other), than in the
+products. Numba calls a ctypes function pointer directly, for a fraction of a microsecond
+(docs/benchmarks.md, session 38).
 
 Which: ``sgemm(library)`` for ``mkl`` (``libmkl_rt``'s, 32-bit integers) or ``openblas``
 (numpy's own, found through threadpoolctl; numpy's wheels name it ``scipy_cblas_sgemm64_``, with

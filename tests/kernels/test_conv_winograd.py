@@ -257,6 +257,7 @@ def test_where_it_pays_and_which_tiles():
     assert winograd.tile_size((64, 64, 3, 3), (56, 56)) == 4
     assert winograd.tile_size((64, 64, 3, 3), (28, 28)) == 4
     assert winograd.tile_size((64, 64, 3, 3), (14, 14)) == 2
+    assert winograd.tile_size((512, 512, 3, 3), (7, 7)) == 2      # 4 tiles of 4x4: too few
 
 
 def test_the_engine_takes_it_where_it_pays_and_needs_no_columns():

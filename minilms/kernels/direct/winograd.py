@@ -74,10 +74,16 @@ def pays(weight_shape, geometry, out_plane: int) -> bool:
 
 
 def tile_size(weight_shape, out_hw) -> int:
-    """m: F(4, 3) where ``m = 4`` tiles cover the plane as well as ``m = 2`` do, else F(2, 3)."""
-    waste4 = (-(-out_hw[0] // 4) * 4) * (-(-out_hw[1] // 4) * 4)
-    waste2 = (-(-out_hw[0] // 2) * 2) * (-(-out_hw[1] // 2) * 2)
-    return 4 if waste4 <= waste2 else 2
+    """m: 4 where 4x4 tiles cover the plane as closely as 2x2 ones and there are at least
+    ``MIN_TILES_4`` of them (56x56, 28x28), else 2 (14x14, 7x7): where each measured faster
+    (docs/benchmarks.md, session 38)."""
+    tiles4 = -(-out_hw[0] // 4) * -(-out_hw[1] // 4)
+    cover4 = 16 * tiles4
+    cover2 = (-(-out_hw[0] // 2) * 2) * (-(-out_hw[1] // 2) * 2)
+    return 4 if cover4 <= cover2 and tiles4 >= MIN_TILES_4 else 2
+
+
+MIN_TILES_4 = 32
 
 
 # At most this many workers, each with its buffers in the workspace: as windows.MAX_SLOTS, a

@@ -44,8 +44,8 @@ def to_channels_last(plane, xt, pad):
     """``xt[h + pad, w + pad, c] = plane[c, h, w]``; ``xt``'s border, and whatever lies beyond
     the plane, 0. A strip of ``STRIP`` channels at a time, along the channels innermost: the
     writes run on, and the reads gather from no more planes (pages) than the TLB holds. That
-    measured faster than whole rows of channels (up to 1.5x with 192 channels of 56x56) and than
-    the other orders."""
+    measured faster than all the channels at once (192 planes of 56x56) and than the other
+    orders (docs/benchmarks.md, session 38)."""
     channels, height, width = plane.shape
     xt[:pad] = 0
     xt[pad + height:] = 0
