@@ -118,15 +118,20 @@ def time_layers(shapes, rounds):
 
 
 @contextlib.contextmanager
-def windows_nowhere():
-    """Nets built inside take no windows (the engine asks ``windows.pays``)."""
-    from minilms.kernels.direct import windows
-    pays = windows.pays
-    windows.pays = lambda *args: False
+def patched(module, name, value):
+    """``module.name`` is ``value`` inside (a rule replaced while nets are built or run)."""
+    before = getattr(module, name)
+    setattr(module, name, value)
     try:
         yield
     finally:
-        windows.pays = pays
+        setattr(module, name, before)
+
+
+def windows_nowhere():
+    """Nets built inside take no windows (the engine asks ``windows.pays``)."""
+    from minilms.kernels.direct import windows
+    return patched(windows, "pays", lambda *args: False)
 
 
 def takes_windows(layer) -> bool:

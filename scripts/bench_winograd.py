@@ -17,7 +17,6 @@ Two parts, each alternating its contenders in one process (a VM's speed drifts):
 ``--smoke``: tiny, for the test suite.
 """
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 
@@ -40,16 +39,12 @@ def layer_shapes(nets):
     return [(name,) + key for key, name in shapes.items()]
 
 
-@contextlib.contextmanager
 def tiles_of(m):
     """Winograd's calls inside take F(m, 3), whatever the plane."""
+    from bench_windows import patched
+
     from minilms.kernels.direct import winograd
-    rule = winograd.tile_size
-    winograd.tile_size = lambda *args: m
-    try:
-        yield
-    finally:
-        winograd.tile_size = rule
+    return patched(winograd, "tile_size", lambda *args: m)
 
 
 def paths(x, weight, dy, pad):
@@ -132,16 +127,12 @@ def time_layers(shapes, rounds):
                   f"{error:8.1e}")
 
 
-@contextlib.contextmanager
 def winograd_nowhere():
     """Nets built inside take no Winograd (the engine asks ``winograd.pays``)."""
+    from bench_windows import patched
+
     from minilms.kernels.direct import winograd
-    pays = winograd.pays
-    winograd.pays = lambda *args: False
-    try:
-        yield
-    finally:
-        winograd.pays = pays
+    return patched(winograd, "pays", lambda *args: False)
 
 
 def takes_winograd(layer) -> bool:
