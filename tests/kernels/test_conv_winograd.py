@@ -170,14 +170,14 @@ def test_gradients_it_is_not_asked_for_stay_untouched():
 
 
 @pytest.mark.parametrize("library", LIBRARIES)
-@pytest.mark.parametrize("c, o, h, m", [(16, 24, 14, 2), (8, 8, 28, 4), (48, 16, 7, 4),
-                                        (8, 8, 40, 2)])
+@pytest.mark.parametrize("c, o, h, m", [(13, 23, 14, 2), (8, 8, 28, 4), (48, 16, 7, 4),
+                                        (8, 8, 40, 2), (37, 29, 9, 4)])
 def test_a_samples_results_do_not_depend_on_the_chunk_or_the_threads(tiles, library, c, o, h,
                                                                     m):
     """A step split along the batch gives the whole step's outputs and input gradient bit for
-    bit, in groups of samples (a missing sample's rows zero) and in blocks of a sample, with one
-    thread or several, on either library; the weight gradient only to rounding (summed per
-    worker)."""
+    bit, in groups of samples (MKL; a missing sample's rows zero) and in blocks of a sample, with
+    one thread or several, on either library; the weight gradient only to rounding (summed per
+    worker). Odd channel counts: the kernel's transform cut into parts of 16 columns."""
     tiles(m)
     rng = np.random.default_rng(c + h)
     n = 9       # groups of 2 on the small planes, the last one short

@@ -34,8 +34,9 @@ than the GEMMs ran. This module lays out the workspace, transforms the kernel (a
 
 Deterministic: a block's GEMMs always have the same shape (a sample's tiles are cut into the same
 blocks; a group short of samples has zero rows), a GEMM is one thread's, and a row's bits depend
-only on its own data and the shape, not on where it sits (checked on both libraries), so the
-forward and ``dx`` of a sample are its own: a split step's equal the whole step's.
+only on its own data and the shape, not on where it sits (MKL; OpenBLAS's small products do not
+always keep that, so there a sample is a block of its own), so the forward and ``dx`` of a sample
+are its own: a split step's equal the whole step's.
 ``dW`` sums blocks in sample order per worker, then the workers' sums: its bits depend on the
 thread count and are regrouped when a step is split, as the row windows' are. Against the direct
 product the result differs by the transforms' float32 rounding (the tests bound it against a
@@ -46,6 +47,7 @@ import numpy as np
 
 from .. import cblas, mkl
 from ..blas_threads import run_workers
+from ..slotted import ALIGN
 from .weight_grad import bias_grad
 from .winograd_tiles import convolve_samples, matrices, weight_sums
 
@@ -110,10 +112,8 @@ class _Layout:
         if tiles < GROUP_TILES:     # evened out over the batch, and a group for each worker
             most = max(1, min(GROUP_TILES // tiles, batch // MAX_SLOTS))
             self.group = -(-batch // -(-batch // most))
-        if self.group > 1:
-            self.block = self.group * tiles
-        else:
-            self.block = -(-tiles // -(-tiles // MAX_BLOCK))
+        self.sample_block = -(-tiles // -(-tiles // MAX_BLOCK))    # a sample's tiles, evened
+        self.block = self.group * tiles if self.group > 1 else self.sample_block
         th, tw, k, g = self.tiles_h, self.tiles_w, self.alpha ** 2, self.group
         self.shapes = ((g, m * th + 2, m * tw + 2, self.channels),
                        (k, self.block, self.channels), (k, self.block, self.out),
@@ -186,9 +186,15 @@ def restore_weights(mw, dweight, m: int, workers: int) -> None:
 def _in_parts(a, b, out, workers: int, by_rows: bool) -> None:
     """``out = a @ b``, ``out``'s rows (or columns) dealt to ``workers`` with one BLAS thread
     each (``run_workers``): left to BLAS's own threads, OpenBLAS's would spin after the call, on
-    the cores the workers that come next run on."""
+    the cores the workers that come next run on. The parts are whole multiples of ``ALIGN``
+    (``kernels.slotted``: where OpenBLAS's last columns would take other bits), and ``workers``
+    is the layer's, not a chunk's, so a split step transforms the kernel bit for bit as the
+    whole step does."""
     n = out.shape[0 if by_rows else 1]
-    cuts = [slice(n * t // workers, n * (t + 1) // workers) for t in range(workers)]
+    per = -(-n // workers)
+    step = -(-per // ALIGN) * ALIGN
+    cuts = [slice(first, min(n, first + step)) for first in range(0, n, step)]
+    workers = len(cuts)
     library = mkl.library_for(a, out)
     if by_rows:
         run_workers(lambda t: mkl.product(a[cuts[t]], b, out[cuts[t]], library), workers)
@@ -211,30 +217,36 @@ def _rooms(work, slots, kernel, layout):
                                 layout.worker]) for t in range(slots)]
 
 
-def _gemm():
-    """The ``cblas_sgemm`` the blocks' products run on: the chosen library's (``mkl.chosen``),
-    whatever their size (``mkl.MIN_FLOPS`` does not apply: called from Numba, a product costs no
-    Python; and from two workers at once OpenBLAS's small products measured slower than MKL's
-    and did not scale); the other where that one has none."""
+def _gemm(layout):
+    """``(cblas_sgemm, group, block)`` the blocks' products run on: the chosen library's
+    (``mkl.chosen``; the other where that one has none) whatever their size (``mkl.MIN_FLOPS``
+    does not apply: called from Numba, a product costs no Python; and from two workers at once
+    OpenBLAS's small products measured slower than MKL's and did not scale). On MKL a small
+    plane's samples go in groups; on OpenBLAS a sample a block: its small products gave a row
+    other bits where it sat elsewhere in the block (MKL never), and a sample's place in a group
+    moves with the chunk."""
     chosen = mkl.chosen()
-    gemm = cblas.sgemm(chosen) or cblas.sgemm("openblas" if chosen == "mkl" else "mkl")
-    if gemm is None:
-        raise RuntimeError("no cblas_sgemm found in MKL or numpy's OpenBLAS for the Winograd "
-                           "convolutions (minilms.kernels.cblas)")
-    return gemm
+    for library in (chosen, "openblas" if chosen == "mkl" else "mkl"):
+        gemm = cblas.sgemm(library)
+        if gemm is not None:
+            if library == "mkl":
+                return gemm, layout.group, layout.block
+            return gemm, 1, layout.sample_block
+    raise RuntimeError("no cblas_sgemm found in MKL or numpy's OpenBLAS for the Winograd "
+                       "convolutions (minilms.kernels.cblas)")
 
 
 def _convolve(x, u, u_trans, bias, y, work, slots, pad, layout):
     """``y = conv(x) + bias`` with the transformed kernel ``u`` (``convolve_samples``): a run of
     samples per worker."""
     rooms = _rooms(work, slots, u.size, layout)
-    runs = _deal(x.shape[0], slots, layout.group)
+    gemm, group, block = _gemm(layout)
+    runs = _deal(x.shape[0], slots, group)
     shift = bias if bias is not None else np.zeros(y.shape[1], np.float32)
-    gemm = _gemm()
 
     def worker(t):
-        convolve_samples(gemm, x, *runs[t], u, u_trans, shift, y, pad, layout.group,
-                         layout.block, layout.tiles_w, layout.m, *rooms[t])
+        convolve_samples(gemm, x, *runs[t], u, u_trans, shift, y, pad, group, block,
+                         layout.tiles_w, layout.m, *rooms[t])
 
     run_workers(worker, len(runs))
 
@@ -250,7 +262,7 @@ def forward(x, weight, bias, y, work, slots, geometry, batch) -> None:
     pad = geometry[2][0]
     layout = _layouts(x.shape, weight.shape, pad, batch)[0]
     u = _kernel(work, weight, layout.m)
-    transform_weights(weight, u, layout.m, False, len(_deal(x.shape[0], slots, layout.group)))
+    transform_weights(weight, u, layout.m, False, len(_deal(batch, slots, layout.group)))
     _convolve(x, u, True, bias, y, work, slots, pad, layout)
 
 
@@ -262,7 +274,7 @@ def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry, batch) ->
     if dbias is not None:
         bias_grad(dy.reshape(samples, out, -1), dbias)
     layout, turned = _layouts(x.shape, weight.shape, pad, batch)
-    workers = len(_deal(samples, slots, layout.group))
+    workers = len(_deal(batch, slots, layout.group))
     if dweight is not None:
         kernel = _kernel_size(weight.shape, layout.m)
         mw = work[kernel:2 * kernel].reshape(layout.alpha ** 2, out, weight.shape[1])
@@ -278,13 +290,13 @@ def _weight_sums(x, dy, mw, work, slots, pad, layout):
     """``mw[k] = sum over tiles of V[k]^T @ Y[k]``: per worker (the first's in the workspace,
     the others' temporaries, as the row windows'), then the workers' sums in worker order."""
     rooms = _rooms(work, slots, mw.size, layout)
-    runs = _deal(x.shape[0], slots, layout.group)
+    gemm, group, block = _gemm(layout)
+    runs = _deal(x.shape[0], slots, group)
     sums = [mw] + [np.empty_like(mw) for _ in runs[1:]]
-    gemm = _gemm()
 
     def worker(t):
-        weight_sums(gemm, x, dy, *runs[t], sums[t], pad, layout.group, layout.block,
-                    layout.tiles_w, layout.m, *rooms[t])
+        weight_sums(gemm, x, dy, *runs[t], sums[t], pad, group, block, layout.tiles_w,
+                    layout.m, *rooms[t])
 
     run_workers(worker, len(runs))
     for other in sums[1:]:
