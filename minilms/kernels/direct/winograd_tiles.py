@@ -43,9 +43,9 @@ STRIP = 16      # channels a copy to or from channels last takes at once (below)
 def to_channels_last(plane, xt, pad):
     """``xt[h + pad, w + pad, c] = plane[c, h, w]``; ``xt``'s border, and whatever lies beyond
     the plane, 0. A strip of ``STRIP`` channels at a time, along the channels innermost: the
-    writes run on, and the reads gather from no more planes (pages) than the TLB holds. That
-    measured faster than all the channels at once (192 planes of 56x56) and than the other
-    orders (docs/benchmarks.md, session 38)."""
+    writes run on, and the reads gather from no more planes (pages) than the TLB holds: faster
+    than all the channels at once, and than the other orders (docs/benchmarks.md, session
+    38)."""
     channels, height, width = plane.shape
     xt[:pad] = 0
     xt[pad + height:] = 0
