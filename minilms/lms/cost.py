@@ -39,6 +39,7 @@ from ..layers.recompute import in_place, recompute_reads, recompute_writes
 from ..net import Net, Step
 from ..sizes import format_bytes
 from .collector import collector_paused
+from .forked import map_halves
 from .liveness import Liveness
 from .plan import Plan, Policy
 from .planner import make_plan, pinned_blobs
@@ -331,7 +332,10 @@ def auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
     ahead (a lower bound on its total) is more than the best total so far: it cannot win, and
     the rest of it is not made. The choice is the one weighing every candidate in full makes
     (the first of the fastest, in the same order). Only candidates without prefetch are cut
-    short: one with prefetch that does not fit is planned again with less, and that could win."""
+    short: one with prefetch that does not fit is planned again with less, and that could win.
+    Where a second core and ``fork`` allow (``forked.map_halves``), a child process weighs every
+    other candidate, cutting short against the best it has seen; the choice, by time, then bytes
+    moved, then order, is the same, and where the child found it the plan is made again here."""
     with collector_paused():
         return _auto_plan(net, steps, capacity, model, reduce_grads)
 
@@ -347,69 +351,85 @@ def _auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
                         ahead[index + 1][1] + times[index][1])
     sizes = sorted(set(live.nbytes.values()))
     thresholds = sorted({0} | {sizes[int(q * (len(sizes) - 1))] + 1 for q in THRESHOLD_QUANTILES})
-    weighed, cut_short, best = [], [], (float("inf"), None, None, None)
-    made: dict = {}     # what decides a plan -> its predicted seconds, or the step it was cut at
+    made: dict = {}     # what decides a plan -> its outcome (``weigh``), in this process
+    own = [None, None]  # (key, plan) of the fastest plan this process made in full
 
-    def consider(policy):
-        nonlocal best
-        policy = replace(policy, reduce_grads=reduce_grads)
+    def weigh(index, policy):
+        """``policy``'s outcome: ``[seconds, bytes moved]``, ``["cut", step]`` where it was cut
+        short, or None where it does not fit. A plan with prefetch is never cut short."""
         same = (policy.enabled, frozenset(pinned_blobs(live, policy)),
                 policy.soft_limit(capacity - capacity % ALIGNMENT), policy.prefetch,
                 policy.reduce_grads)
         if same in made:     # the plan is made already: an equal key never replaces the best
-            outcome = made[same]
-            (cut_short if isinstance(outcome, _CutShort) else weighed).append(
-                (policy, outcome.args[0] if isinstance(outcome, _CutShort) else outcome))
-            return
+            return made[same]
         # the least total that still loses to the best so far, whatever rounding does to both
-        cut = None if best[3] is None or policy.prefetch else best[3] * (1 + 1e-9) + 2e-9
+        cut = None if own[0] is None or policy.prefetch else own[0][0] * (1 + 1e-9) + 2e-9
         streams = None
 
-        def watch(index, step_plan):
+        def watch(step_index, step_plan):
             nonlocal streams
-            if index == 0:             # a new plan (make_plan may start again with less prefetch)
+            if step_index == 0:        # a new plan (make_plan may start again with less prefetch)
                 streams = _Streams(model)
-            host, device = times[index]
+            host, device = times[step_index]
             streams.step(step_plan, device, host)
-            host_ahead, device_ahead = ahead[index + 1]
+            host_ahead, device_ahead = ahead[step_index + 1]
             if cut is not None and max(streams.compute_end + device_ahead,
                                        streams.host + host_ahead) > cut:
-                raise _CutShort(index)
+                raise _CutShort(step_index)
         try:
             plan = make_plan(net, steps, capacity, policy, watch)
+            seconds = streams.finish(plan.epilogue).seconds
+            made[same] = outcome = [seconds, streams.moved]
         except PlanError:
-            made[same] = None
-            weighed.append((policy, None))
-            return
-        except _CutShort as stop:
-            made[same] = _CutShort(*stop.args)    # not the traceback: it holds the partial plan
-            cut_short.append((policy, stop.args[0]))
-            return
-        seconds = streams.finish(plan.epilogue).seconds
-        made[same] = seconds
-        weighed.append((policy, seconds))
-        key = (round(seconds, 9), streams.moved)
-        if best[1] is None or key < best[0]:
-            best = (key, plan, policy, seconds)
+            made[same] = outcome = None
+        except _CutShort as stop:     # not kept: the exception holds the partial plan
+            made[same] = outcome = ["cut", stop.args[0]]
+        if outcome and outcome[0] != "cut":
+            key = (round(outcome[0], 9), outcome[1], index)
+            if own[0] is None or key < own[0]:
+                own[:] = [key, plan]
+        return outcome
 
-    consider(Policy(enabled=False))
+    def weighed_all(candidates):
+        """Each of ``candidates`` (``(index, policy)``) weighed, half of them in a forked child
+        (``forked.map_halves``): ``(index, policy, outcome)`` in their order."""
+        outcomes = map_halves(lambda items: [weigh(*item) for item in items], candidates)
+        return [(index, policy, outcome)
+                for (index, policy), outcome in zip(candidates, outcomes)]
+
+    policies = [Policy(enabled=False)]
     # Lazy (soft limit = the pool) moves the fewest bytes; eager (Caffe's default) fragments the
     # pool least, and is what still fits in the tightest pools.
     for limit in (capacity, None):
         for keep_state in (False, True):
             for threshold in thresholds:
-                consider(Policy(limit=limit, min_swap_bytes=threshold, keep_state=keep_state))
-    if best[1] is None:
+                policies.append(Policy(limit=limit, min_swap_bytes=threshold,
+                                       keep_state=keep_state))
+    results = weighed_all([(i, replace(p, reduce_grads=reduce_grads))
+                           for i, p in enumerate(policies)])
+    best = _fastest(results)
+    if best is None:
         raise make_plan_error(net, steps, capacity)
-    chosen = best[2]
+    chosen = best[1]
     if chosen.enabled:
-        for distance in PREFETCH_CHOICES:
-            consider(replace(chosen, prefetch=distance))
-    plan = best[1]
+        more = weighed_all([(len(policies) + i, replace(chosen, prefetch=distance))
+                            for i, distance in enumerate(PREFETCH_CHOICES)])
+        results += more
+        best = _fastest([best] + more)
+    key = (round(best[2][0], 9), best[2][1], best[0])
+    plan = own[1] if own[0] == key else make_plan(net, steps, capacity, best[1])
     plan.policy = replace(plan.policy, policy="auto")
-    plan.candidates = weighed
-    plan.cut_short = cut_short
+    plan.candidates = [(p, o if o is None else o[0]) for _, p, o in results
+                       if o is None or o[0] != "cut"]
+    plan.cut_short = [(p, o[1]) for _, p, o in results if o is not None and o[0] == "cut"]
     return plan
+
+
+def _fastest(results):
+    """The ``(index, policy, outcome)`` planned in full with the least time, then the fewest
+    bytes moved, then the first; None if none fits."""
+    full = [r for r in results if r[2] is not None and r[2][0] != "cut"]
+    return min(full, key=lambda r: (round(r[2][0], 9), r[2][1], r[0]), default=None)
 
 
 def make_plan_error(net: Net, steps: list[Step], capacity: int) -> PlanError:
