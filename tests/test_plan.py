@@ -246,7 +246,7 @@ def plan_digest(plan) -> str:
     def parts(actions):
         return [(a.kind, a.blob, a.nbytes, a.offset, a.size, a.for_step, a.why) for a in actions]
     policy = repr(plan.policy).replace(", split='auto'", "").replace(  # knobs added since
-        ", recompute='off'", "")                                        # (issues 20, 21)
+        ", recompute='off'", "").replace(", write_back='lazy'", "")     # (issues 20, 21, 18)
     whole = [plan.capacity, policy, sorted(plan.pinned.items()), parts(plan.prologue),
              parts(plan.epilogue), plan.notes]
     whole += [(parts(s.release), parts(s.demand), parts(s.prefetch), s.in_use, list(s.resident))

@@ -62,7 +62,7 @@ def lms_policy(config) -> Policy:
                   start_fraction=lms.start_fraction, prefetch=lms.prefetch,
                   keep_state=lms.keep_state, split=lms.split,
                   recompute=lms.recompute if isinstance(lms.recompute, str)
-                  else tuple(lms.recompute))
+                  else tuple(lms.recompute), write_back=lms.write_back)
 
 
 def device_kind(config) -> str:

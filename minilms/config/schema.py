@@ -267,7 +267,11 @@ SCHEMA = Section(
         into as few chunks as fit; ``off``: never; a number: at most that many chunks).
         ``recompute``: activations rebuilt by re-running their forwards before backward reads
         them, instead of kept or swapped (``auto``: where the cost model predicts it faster, or
-        only it fits; ``off``; a list of layer types: every activation those layers make).""",
+        only it fits; ``off``; a list of layer types: every activation those layers make).
+        ``write_back``: when a swap-out's copy home is issued (``lazy``: when its space is wanted;
+        ``early``: as soon as the blob is last written, so the eviction later waits for nothing;
+        ``policy: auto`` weighs ``early`` on cuda, and keeps ``lazy`` on the cpu device, whose
+        copies share the kernels' cores).""",
         enabled=Field(BOOL, True),
         policy=Field(choice("auto", "manual"), "auto"),
         min_swap_bytes=Field(either(ZERO, SIZE, expected=f"{SIZE_EXPECTED}, or 0"), 0),
@@ -280,6 +284,7 @@ SCHEMA = Section(
         recompute=Field(either(choice("auto", "off"), OFF,
                                list_of(STRING, "a list of layer types"),
                                expected="auto, off, or a list of layer types"), "off"),
+        write_back=Field(choice("lazy", "early"), "lazy"),
     ),
     solver=Section(
         """The optimizer, as PyTorch defines it: SGD (momentum, Nesterov, weight decay) or Adam

@@ -333,6 +333,8 @@ def auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
     the rest of it is not made. The choice is the one weighing every candidate in full makes
     (the first of the fastest, in the same order). Only candidates without prefetch are cut
     short: one with prefetch that does not fit is planned again with less, and that could win.
+    On a GPU (copy engines beside the kernels: ``host_runs_ahead``) the choice is then weighed
+    against itself with early write-back (``lms.write_back``, ``minilms.lms.write_back``).
     Where a second core and ``fork`` allow (``forked.map_halves``), a child process weighs every
     other candidate, cutting short against the best it has seen; the choice, by time, then bytes
     moved, then order, is the same, and where the child found it the plan is made again here."""
@@ -359,7 +361,7 @@ def _auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
         short, or None where it does not fit. A plan with prefetch is never cut short."""
         same = (policy.enabled, frozenset(pinned_blobs(live, policy)),
                 policy.soft_limit(capacity - capacity % ALIGNMENT), policy.prefetch,
-                policy.reduce_grads)
+                policy.reduce_grads, policy.write_back)
         if same in made:     # the plan is made already: an equal key never replaces the best
             return made[same]
         # the least total that still loses to the best so far, whatever rounding does to both
@@ -377,9 +379,14 @@ def _auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
                                        streams.host + host_ahead) > cut:
                 raise _CutShort(step_index)
         try:
-            plan = make_plan(net, steps, capacity, policy, watch)
-            seconds = streams.finish(plan.epilogue).seconds
-            made[same] = outcome = [seconds, streams.moved]
+            if policy.write_back == "early":     # rewritten after the walk: timed whole
+                plan = make_plan(net, steps, capacity, policy)
+                moved = plan.bytes_moved("h2d") + plan.bytes_moved("d2h")
+                made[same] = outcome = [simulate(plan, net, model).seconds, moved]
+            else:
+                plan = make_plan(net, steps, capacity, policy, watch)
+                seconds = streams.finish(plan.epilogue).seconds
+                made[same] = outcome = [seconds, streams.moved]
         except PlanError:
             made[same] = outcome = None
         except _CutShort as stop:     # not kept: the exception holds the partial plan
@@ -416,6 +423,11 @@ def _auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
                             for i, distance in enumerate(PREFETCH_CHOICES)])
         results += more
         best = _fastest([best] + more)
+        if model.host_runs_ahead:    # a GPU's copy engines run beside its kernels (write_back.py)
+            more = weighed_all([(len(policies) + len(PREFETCH_CHOICES),
+                                 replace(best[1], write_back="early"))])
+            results += more
+            best = _fastest([best] + more)
     key = (round(best[2][0], 9), best[2][1], best[0])
     plan = own[1] if own[0] == key else make_plan(net, steps, capacity, best[1])
     plan.policy = replace(plan.policy, policy="auto")

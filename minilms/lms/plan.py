@@ -29,6 +29,9 @@ class Policy:
     # activations rebuilt by re-running their forwards instead of kept or swapped
     # (minilms.lms.recompute): "off", "auto", or a tuple of layer types
     recompute: object = "off"
+    # when a swap-out's copy is issued (minilms.lms.write_back): "lazy", when the space is
+    # wanted; "early", as soon as the blob is last written
+    write_back: str = "lazy"
 
     def __post_init__(self):
         if self.policy not in ("manual", "auto"):
@@ -46,6 +49,8 @@ class Policy:
                 and all(isinstance(t, str) and t for t in self.recompute)):
             raise ConfigError("lms.recompute", "auto, off, or a list of layer types",
                               self.recompute)
+        if self.write_back not in ("lazy", "early"):
+            raise ConfigError("lms.write_back", "lazy or early", self.write_back)
 
     @property
     def max_chunks(self) -> int | None:
@@ -67,6 +72,7 @@ class Policy:
                 + ("" if self.recompute == "off" else ", recompute " + (
                     self.recompute if isinstance(self.recompute, str)
                     else "[" + ", ".join(self.recompute) + "]"))
+                + (", write_back early" if self.write_back == "early" else "")
                 + (", gradients reduced on the host" if self.reduce_grads else ""))
 
 

@@ -27,6 +27,7 @@ from .liveness import INFINITY, Liveness
 from .out_of_memory import demand_message, pinned_message
 from .plan import Action, Plan, Policy, Residents, StepPlan
 from .victims import Victims, cheapest_window
+from .write_back import write_back_early
 
 
 def pinned_blobs(live: Liveness, policy: Policy) -> list[str]:
@@ -434,7 +435,7 @@ def make_plan(net: Net, steps: list[Step], capacity: int, policy: Policy = Polic
     with collector_paused():
         live = Liveness.of(net, steps)
         try:
-            return _Planner(live, capacity, policy, watch).run()
+            return _written_back(_Planner(live, capacity, policy, watch).run(), live)
         except PlanError:
             if policy.prefetch == 0 or not policy.enabled:
                 raise
@@ -447,4 +448,9 @@ def make_plan(net: Net, steps: list[Step], capacity: int, policy: Policy = Polic
                 continue
             plan.notes.append(f"prefetch {policy.prefetch} does not fit in "
                               f"{format_bytes(capacity)}: planned with prefetch {distance}")
-            return plan
+            return _written_back(plan, live)
+
+
+def _written_back(plan: Plan, live: Liveness) -> Plan:
+    """``plan`` with its swap-outs' copies issued early where the policy says so."""
+    return write_back_early(plan, live.family) if plan.policy.write_back == "early" else plan
