@@ -19,6 +19,8 @@ from minilms.lms.cost import CostModel, auto_plan
 from minilms.lms.planner import make_plan
 from minilms.solver import SGD
 
+from .devices import new_device
+from .layers.conftest import small_gemm_tile  # noqa: F401  (a fixture: small tiles in the simulator)
 from .test_executor import batch
 from .test_lms import DAG, assert_identical, make_net, reference, train
 from .test_plan import build
@@ -165,3 +167,29 @@ def test_a_bad_write_back_knob_names_the_key(tmp_path):
         load_config(config)
     with pytest.raises(ConfigError, match="lms.write_back"):
         Policy(write_back="sometimes")
+
+
+@pytest.mark.cuda
+@pytest.mark.usefixtures("small_gemm_tile")
+def test_cuda_written_back_early_trains_bit_for_bit():
+    """The cuda device (the simulator without a GPU): its copy streams and events order the
+    early syncs and the drops as the cpu device's do; a tiny net in its least pool, one
+    iteration: the resident executor's weights."""
+    layers = [
+        {"name": "conv", "type": "Convolution", "bottom": "data", "top": "c", "num_output": 2,
+         "kernel_size": 3, "pad": 1},
+        {"name": "relu", "type": "ReLU", "bottom": "c", "top": "c"},
+        {"name": "pool", "type": "Pooling", "bottom": "c", "top": "p", "pool": "max",
+         "kernel_size": 2},
+        {"name": "fc", "type": "InnerProduct", "bottom": "p", "top": "fc", "num_output": 3},
+        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["fc", "label"], "top": "loss"},
+    ]
+    inputs = batch(1, 1, 4, classes=3)
+    solver = lambda: SGD(0.1, momentum=0.9)   # noqa: E731
+    expected = reference(layers, [inputs], solver, "cuda", iterations=1)
+    net = make_net(layers, inputs)
+    policy = Policy(prefetch=1, write_back="early")
+    with new_device("cuda", least_pool(net, net.schedule(("momentum",)), policy)) as device:
+        executor = LmsExecutor(make_net(layers, inputs), device, solver(), policy)
+        assert sum(a.kind == "sync" for _, a in executor.plan.actions()) >= 2
+        assert_identical(train(executor, [inputs], iterations=1), expected)
