@@ -26,6 +26,18 @@ DAG = ([dict(RESIDUAL_INCEPTION[0], top="c0"),
        + RESIDUAL_INCEPTION[7:])
 
 
+# convolution, ReLU, pooling, inner product: small enough for the cuda simulator to train
+TINY = [
+    {"name": "conv", "type": "Convolution", "bottom": "data", "top": "c", "num_output": 2,
+     "kernel_size": 3, "pad": 1},
+    {"name": "relu", "type": "ReLU", "bottom": "c", "top": "c"},
+    {"name": "pool", "type": "Pooling", "bottom": "c", "top": "p", "pool": "max",
+     "kernel_size": 2},
+    {"name": "fc", "type": "InnerProduct", "bottom": "p", "top": "fc", "num_output": 3},
+    {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["fc", "label"], "top": "loss"},
+]
+
+
 def make_net(layers, inputs):
     return Net(layers, {k: (v.shape, v.dtype) for k, v in inputs.items()})
 
@@ -212,15 +224,7 @@ def test_a_smaller_last_batch_gets_its_own_plan():
 def test_cuda_lms_gives_the_weights_of_lms_off():
     """A tiny net on the cuda device (the simulator without a GPU), in its least pool, with
     prefetch: two iterations give the resident executor's weights exactly."""
-    layers = [
-        {"name": "conv", "type": "Convolution", "bottom": "data", "top": "c", "num_output": 2,
-         "kernel_size": 3, "pad": 1},
-        {"name": "relu", "type": "ReLU", "bottom": "c", "top": "c"},
-        {"name": "pool", "type": "Pooling", "bottom": "c", "top": "p", "pool": "max",
-         "kernel_size": 2},
-        {"name": "fc", "type": "InnerProduct", "bottom": "p", "top": "fc", "num_output": 3},
-        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["fc", "label"], "top": "loss"},
-    ]
+    layers = TINY
     inputs = batch(1, 1, 4, classes=3)
     expected = reference(layers, [inputs], lambda: SGD(0.1, momentum=0.9), "cuda", iterations=2)
     net = make_net(layers, inputs)

@@ -22,7 +22,7 @@ from minilms.solver import SGD
 from .devices import new_device
 from .layers.conftest import small_gemm_tile  # noqa: F401  (a fixture: small tiles in the simulator)
 from .test_executor import batch
-from .test_lms import DAG, assert_identical, make_net, reference, train
+from .test_lms import DAG, TINY, assert_identical, make_net, reference, train
 from .test_plan import build
 from .test_substeps import random_nets
 
@@ -175,15 +175,7 @@ def test_cuda_written_back_early_trains_bit_for_bit():
     """The cuda device (the simulator without a GPU): its copy streams and events order the
     early syncs and the drops as the cpu device's do; a tiny net in its least pool, one
     iteration: the resident executor's weights."""
-    layers = [
-        {"name": "conv", "type": "Convolution", "bottom": "data", "top": "c", "num_output": 2,
-         "kernel_size": 3, "pad": 1},
-        {"name": "relu", "type": "ReLU", "bottom": "c", "top": "c"},
-        {"name": "pool", "type": "Pooling", "bottom": "c", "top": "p", "pool": "max",
-         "kernel_size": 2},
-        {"name": "fc", "type": "InnerProduct", "bottom": "p", "top": "fc", "num_output": 3},
-        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["fc", "label"], "top": "loss"},
-    ]
+    layers = TINY
     inputs = batch(1, 1, 4, classes=3)
     solver = lambda: SGD(0.1, momentum=0.9)   # noqa: E731
     expected = reference(layers, [inputs], solver, "cuda", iterations=1)
