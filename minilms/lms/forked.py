@@ -49,13 +49,13 @@ def map_halves(work, items: list, fork: bool | None = None) -> list:
     os.close(write)
     try:
         mine = list(work(items[0::2]))
-    except BaseException:
-        os.close(read)
-        os.waitpid(pid, 0)
-        raise
-    with os.fdopen(read) as pipe:
-        text = pipe.read()
-    _, status = os.waitpid(pid, 0)
+        with os.fdopen(read) as pipe:
+            read = None                            # closed with the file
+            text = pipe.read()
+    finally:             # an error here, or an interrupt: the child is reaped all the same
+        if read is not None:
+            os.close(read)                         # a child still writing gets a broken pipe
+        _, status = os.waitpid(pid, 0)
     try:
         theirs = json.loads(text) if status == 0 else None
     except ValueError:
