@@ -40,8 +40,9 @@ from minilms.lms import (  # noqa: E402
     make_plan,
     resident_bytes,
 )
+from minilms.lms.auto import auto_plan  # noqa: E402
 from minilms.lms.bounds import split_floor, working_set_bytes  # noqa: E402
-from minilms.lms.cost import CostModel, auto_plan, plan_for, simulate  # noqa: E402
+from minilms.lms.cost import CostModel, plan_for, simulate  # noqa: E402
 from minilms.lms.substeps import split_counts  # noqa: E402
 from minilms.net import Net  # noqa: E402
 from minilms.sizes import format_bytes  # noqa: E402

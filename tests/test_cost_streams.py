@@ -3,7 +3,7 @@ and a load overlap, except where the load writes the space the swap-out reads (o
 it writes), and a step waits for the copies still using the space it writes."""
 import pytest
 
-from minilms.lms.cost import CostModel, _Streams
+from minilms.lms.cost import CostModel, Streams
 from minilms.lms.plan import Action, StepPlan
 from minilms.net import Step
 
@@ -12,7 +12,7 @@ MODEL = CostModel(1e12, 1e12, 100.0, "test", 0.0, 0.0)
 
 
 def run(steps, seconds=1.0):
-    streams = _Streams(MODEL)
+    streams = Streams(MODEL)
     for step_plan in steps:
         streams.step(step_plan, seconds)
     return streams
@@ -66,7 +66,7 @@ def test_prefetches_queue_behind_the_loads_and_end_the_iteration():
 # -- a host that queues the steps and runs ahead of the device (the cuda model) --------------------
 
 def run_ahead(steps, device, host):
-    streams = _Streams(CostModel(1e12, 1e12, 100.0, "test", 0.0, 0.0, host_runs_ahead=True))
+    streams = Streams(CostModel(1e12, 1e12, 100.0, "test", 0.0, 0.0, host_runs_ahead=True))
     for step_plan in steps:
         streams.step(step_plan, device, host)
     return streams

@@ -7,8 +7,9 @@ import threading
 import pytest
 
 from minilms.lms import forked
+from minilms.lms.auto import auto_plan
 from minilms.lms.check import check_plan
-from minilms.lms.cost import CostModel, auto_plan
+from minilms.lms.cost import CostModel
 
 from .test_plan import AUTO_DECISIONS, net_named, plan_digest
 

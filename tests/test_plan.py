@@ -14,9 +14,10 @@ from minilms import zoo
 from minilms.device.link import parse_link
 from minilms.device.pool import ALIGNMENT
 from minilms.errors import ConfigError, PlanError
+from minilms.lms.auto import auto_plan
 from minilms.lms.bounds import least_pool, resident_bytes, working_set_bytes
 from minilms.lms.check import check_plan
-from minilms.lms.cost import CostModel, auto_plan, simulate
+from minilms.lms.cost import CostModel, simulate
 from minilms.lms.planner import (
     Liveness,
     Policy,

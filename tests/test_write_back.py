@@ -13,9 +13,10 @@ from minilms.config.build import lms_policy
 from minilms.device import make_device
 from minilms.errors import ConfigError, PlanError
 from minilms.lms import LmsExecutor, Policy, least_pool, simulate
+from minilms.lms.auto import auto_plan
 from minilms.lms.bounds import working_set_bytes
 from minilms.lms.check import check_plan
-from minilms.lms.cost import CostModel, auto_plan
+from minilms.lms.cost import CostModel
 from minilms.lms.planner import make_plan
 from minilms.solver import SGD
 

@@ -9,9 +9,10 @@
 iteration issued whose outputs are read later) and ``replay`` (``LmsExecutor``, which replays a
 plan on the copy and compute streams). Start with ``planner`` and ``replay``.
 """
+from .auto import auto_plan
 from .bounds import least_pool, resident_bytes, working_set_bytes
 from .check import check_plan
-from .cost import CostModel, auto_plan, measure_cpu, plan_for, simulate
+from .cost import CostModel, measure_cpu, plan_for, simulate
 from .executor import Executor, ResidentExecutor
 from .host import HomeArena, HostMemory, crossing, homes, host_memory, loader_batches
 from .plan import Action, Plan, Policy, StepPlan

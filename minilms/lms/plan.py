@@ -175,7 +175,7 @@ class Plan:
     outputs: tuple = ()                   # read by the host after the iteration
     candidates: list = field(default_factory=list)   # auto: (policy, seconds or None)
     cut_short: list = field(default_factory=list)    # auto: (policy, step) stopped there, slower
-                                                     # than the best by then (see cost.auto_plan)
+                                                     # than the best by then (see auto.auto_plan)
     notes: list = field(default_factory=list)        # what the planner changed, for people
     # split steps' chunks (``minilms.lms.substeps``): name -> (parent, first sample, end)
     chunks: dict = field(default_factory=dict)
