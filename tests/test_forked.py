@@ -1,8 +1,9 @@
-"""``lms.forked.map_halves``: half of the work in a forked child, the results in order, the
-child's failure made good here; and ``policy: auto`` choosing the same plan with the child as
-without it."""
+"""``lms.forked``: work shared with a forked child (each item taken by whichever process is
+free), the results in order, the child's failure made good here, one least number both see;
+and ``policy: auto`` choosing the same plan with the child as without it."""
 import os
 import threading
+import time
 
 import pytest
 
@@ -18,54 +19,92 @@ needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: POSIX 
 
 def test_without_a_child_everything_runs_here_in_order():
     here = os.getpid()
-    out = forked.map_halves(lambda items: [(os.getpid(), x * x) for x in items], list(range(7)),
-                            fork=False)
+    out = forked.map_forked(lambda x: (os.getpid(), x * x), list(range(7)), fork=False)
     assert out == [(here, x * x) for x in range(7)]
 
 
 @needs_fork
-def test_the_odd_items_run_in_a_child_and_come_back_in_order():
+def test_both_processes_take_items_and_the_results_come_back_in_order():
     here = os.getpid()
-    out = forked.map_halves(lambda items: [[os.getpid(), x, x / 3] for x in items],
-                            list(range(9)), fork=True)
-    assert [x for _, x, _ in out] == list(range(9))
-    assert [third for _, _, third in out] == [x / 3 for x in range(9)]   # floats exact via JSON
-    assert {pid for pid, _, _ in out[0::2]} == {here}
-    children = {pid for pid, _, _ in out[1::2]}
-    assert len(children) == 1 and here not in children
+
+    def work(x):
+        time.sleep(0.05)     # long enough that the child starts before the queue is empty
+        return [os.getpid(), x, x / 3]
+    out = forked.map_forked(work, list(range(10)), fork=True)
+    assert [x for _, x, _ in out] == list(range(10))
+    assert [third for _, _, third in out] == [x / 3 for x in range(10)]   # floats exact via JSON
+    pids = {pid for pid, _, _ in out}
+    assert here in pids and len(pids) == 2
+
+
+@needs_fork
+def test_a_slow_item_does_not_hold_back_the_rest():
+    """Items are taken as processes come free: while one process works on the slow first item,
+    the other takes every other one."""
+    def work(x):
+        time.sleep(0.6 if x == 0 else 0.01)
+        return os.getpid()
+    out = forked.map_forked(work, list(range(12)), fork=True)
+    assert all(pid != out[0] for pid in out[1:])
 
 
 @needs_fork
 def test_a_failed_child_is_made_good_here():
     here = os.getpid()
 
-    def work(items):
+    def work(x):
         if os.getpid() != here:
             raise RuntimeError("a planted failure in the child")
-        return [x + 1 for x in items]
-    assert forked.map_halves(work, list(range(6)), fork=True) == list(range(1, 7))
+        time.sleep(0.01)
+        return x + 1
+    assert forked.map_forked(work, list(range(6)), fork=True) == list(range(1, 7))
 
 
 @needs_fork
 def test_a_result_that_is_not_json_is_made_good_here():
     here = os.getpid()
-    out = forked.map_halves(lambda items: [object() if os.getpid() != here else x
-                                           for x in items], [1, 2, 3, 4], fork=True)
-    assert out == [1, 2, 3, 4]
+
+    def work(x):
+        time.sleep(0.01)
+        return object() if os.getpid() != here else x
+    assert forked.map_forked(work, [1, 2, 3, 4], fork=True) == [1, 2, 3, 4]
 
 
 @needs_fork
 def test_a_failure_here_is_raised_and_the_child_reaped():
     here = os.getpid()
 
-    def work(items):
+    def work(x):
         if os.getpid() == here:
             raise ValueError("here")
-        return list(items)
+        return "x" * 100_000                       # more than a pipe's buffer, all told
     with pytest.raises(ValueError, match="here"):
-        forked.map_halves(work, list(range(200_000)), fork=True)   # more than a pipe's buffer
+        forked.map_forked(work, list(range(50)), fork=True)
     with pytest.raises(ChildProcessError):
         os.waitpid(-1, os.WNOHANG)                # no child left behind
+
+
+@needs_fork
+def test_the_least_offered_is_seen_by_both_processes():
+    least = forked.SharedLeast()
+    assert least.value() == float("inf")
+    least.offer(5.0)
+    least.offer(7.0)                              # not less: no change
+    here = os.getpid()
+
+    def work(x):
+        if os.getpid() != here:
+            least.offer(2.0)                      # the child's offer, seen here
+        time.sleep(0.05)
+        return least.value()
+    forked.map_forked(work, list(range(10)), fork=True)
+    assert least.value() == 2.0
+
+
+def test_more_items_than_the_queue_holds_run_here():
+    here = os.getpid()
+    count = forked._QUEUE_LIMIT + 1
+    assert forked.map_forked(lambda x: os.getpid(), list(range(count)), fork=True) == [here] * count
 
 
 def test_no_child_while_another_thread_runs():
@@ -82,9 +121,9 @@ def test_no_child_while_another_thread_runs():
 @needs_fork
 @pytest.mark.parametrize("case", sorted(AUTO_DECISIONS))
 def test_auto_chooses_the_same_plan_with_a_child_as_without(case, monkeypatch):
-    """The choice is the first of the fastest in the candidates' order however they are dealt
-    out: the same plan, action for action, as the one process's (and as before: the digests of
-    tests/test_plan.py); every candidate weighed or cut short once, in the same order."""
+    """The choice is the first of the fastest in the candidates' order whichever process weighs
+    them: the same plan, action for action, as the one process's (and as before: the digests of
+    tests/test_plan.py); every candidate weighed or cut short once."""
     name, scale = case.split("|")
     net, steps, least, _ = net_named(name)
     plans = {}

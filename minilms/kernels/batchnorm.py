@@ -41,8 +41,9 @@ A step split along the batch runs the same arithmetic in pieces: ``batchnorm_spl
 import math
 
 import numpy as np
-from numba import cuda, njit, prange
+from numba import njit, prange
 
+from ..lazy_cuda import cuda
 from .batchnorm_sums import (
     THREADS,
     channel_views,

@@ -26,8 +26,9 @@ sums per channel instead (``batchnorm``, ``batchnorm_split``); both devices sum 
 import math
 
 import numpy as np
-from numba import cuda, float64
+from numba import float64
 
+from ..lazy_cuda import cuda
 from .common import block_sum, launch, view, warp_sums
 from .registry import cuda_kernel
 

@@ -13,8 +13,9 @@ of the channel's ``N * P`` values and the block adding the shares by a fixed tre
 (``block_sum``): deterministic, run to run. CPU: Numba, one channel per task, in the same
 ``(n, p)`` order.
 """
-from numba import cuda, njit, prange
+from numba import njit, prange
 
+from ..lazy_cuda import cuda
 from .batchnorm import nchw, signatures
 from .common import block_sum, grid_planes, launch, view
 from .registry import cuda_kernel, on_cpu

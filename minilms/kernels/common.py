@@ -11,20 +11,30 @@ from collections import Counter
 from contextlib import contextmanager
 
 import numba
-from numba import cuda
 
+from ..lazy_cuda import Deferred, cuda
 from .registry import THREADS_1D, on_cpu
 
-SIMULATED = bool(numba.config.ENABLE_CUDASIM)
-prepared_launch = None
-if not SIMULATED:
-    try:
-        from .prepared_launch import prepared_launch
-    except ImportError:     # numba without numba-cuda (no `cuda` extra): numba's own dispatch
-        pass
+__all__ = ["grid_1d", "grid_planes", "launch", "launcher", "counting_launches", "view", "span",
+           "derived", "flat", "block_sum", "warp_sums", "block_max"]
 
-__all__ = ["grid_1d", "grid_planes", "launch", "counting_launches", "view", "span", "derived",
-           "flat", "block_sum", "warp_sums", "block_max"]
+SIMULATED = bool(numba.config.ENABLE_CUDASIM)
+_LAUNCHER: list = []    # [prepared_launch, or None for numba's own], found at the first launch
+
+
+def launcher():
+    """``prepared_launch`` on a real GPU; None (numba's own dispatch) in the simulator or without
+    numba-cuda's ``cuda.core``. Imported at the first launch: it imports numba.cuda, which a run
+    on the cpu device never needs (``minilms.lazy_cuda``)."""
+    if not _LAUNCHER:
+        found = None
+        if not SIMULATED:
+            try:
+                from .prepared_launch import prepared_launch as found
+            except ImportError:     # numba without numba-cuda (no `cuda` extra)
+                pass
+        _LAUNCHER.append(found)
+    return _LAUNCHER[0]
 
 
 def grid_1d(n: int, threads: int = THREADS_1D) -> tuple[int, int]:
@@ -63,8 +73,11 @@ def launch(kernel, blocks, threads, stream=None):
             counter[name] += 1
         if _SKIPPING:
             return _skip
-    if prepared_launch is not None:
-        return prepared_launch(kernel, blocks, threads, stream)
+    if type(kernel) is Deferred:        # declared before numba.cuda was imported
+        kernel = kernel.resolve()
+    prepared = _LAUNCHER[0] if _LAUNCHER else launcher()
+    if prepared is not None:
+        return prepared(kernel, blocks, threads, stream)
     return kernel[blocks, threads] if stream is None else kernel[blocks, threads, stream]
 
 

@@ -9,8 +9,9 @@ in float64 (on a GPU that would be slow, and it is not what the PTX report check
 alias inputs (``out is x`` is fine): each element is read before it is written, by the same thread.
 """
 import numpy as np
-from numba import cuda, njit, prange
+from numba import njit, prange
 
+from ..lazy_cuda import cuda
 from .common import flat, grid_1d, launch, view
 from .registry import cuda_kernel, on_cpu
 

@@ -31,8 +31,9 @@ batch of one, through the same four kernels.
 """
 import numba
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import float32, uint32
 
+from ..lazy_cuda import cuda
 from .blas_threads import matmul
 from .common import launch, view
 from .registry import cuda_kernel, on_cpu

@@ -29,8 +29,9 @@ and ``col2im`` adds only those columns back. A caller whose full ``col`` would b
 CPU: Numba ``njit(parallel=True)``. CUDA: float32 and float64 kernels; arrays must be C-contiguous.
 """
 import numpy as np
-from numba import cuda, njit, prange
+from numba import njit, prange
 
+from ..lazy_cuda import cuda
 from .common import grid_1d, launch
 from .registry import cpu_variant, cuda_kernel, on_cpu, shared
 

@@ -24,8 +24,9 @@ The bias corrections are computed on the host in double precision, then cast to 
 """
 import math
 
-from numba import cuda, njit, prange
+from numba import njit, prange
 
+from ..lazy_cuda import cuda
 from .common import flat, grid_1d, launch
 from .registry import cuda_kernel, on_cpu
 

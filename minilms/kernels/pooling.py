@@ -25,8 +25,9 @@ Backward passes are gathers (each input element sums the outputs whose windows h
 scatters, so overlapping windows need no float atomics and results are deterministic.
 """
 import numpy as np
-from numba import cuda, njit, prange
+from numba import njit, prange
 
+from ..lazy_cuda import cuda
 from .common import block_sum, grid_1d, launch, view
 from .pooling_rows import max_pool_forward_rows_cpu, max_pool_forward_stride2_cpu, stride2_rows_pay
 from .registry import cpu_variant, cuda_kernel, on_cpu, shared

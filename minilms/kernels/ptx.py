@@ -237,7 +237,8 @@ def compile_kernel(spec, signature: str, arch="sm_80", ptxas=None) -> KernelRepo
     """Compile one registered kernel (a ``KernelSpec``) for one signature and arch; never raises
     for a kernel's own failure: that is returned in ``KernelReport.error``."""
     _require_compiler()
-    from numba import cuda
+    from ..lazy_cuda import load
+    cuda = load()       # the kernels' globals bound to numba.cuda and real device functions
     arch = ARCHS[arch] if isinstance(arch, str) else arch
     threads = prod(spec.block)
     failed = dict(kernel=spec.name, signature=signature, arch=arch.name, threads_per_block=threads)

@@ -7,7 +7,8 @@ simulator's).
 
 ``cuda_kernel`` registers a kernel's Python function with the signatures it is compiled for, so that
 ``scripts/kernel_report.py`` can compile every kernel to PTX for sm_80/sm_90 on a machine without a
-GPU. Compilation for launches stays lazy: importing a kernel module never needs a GPU. Compiled
+GPU. Compilation for launches stays lazy: importing a kernel module never needs a GPU, nor
+imports numba.cuda (``minilms.lazy_cuda``: a run on the cpu device never does). Compiled
 kernels are cached on disk (``cuda.jit(cache=True)``: numba's index and data files in the
 module's ``__pycache__``, or ``$NUMBA_CACHE_DIR``), so a second process on the same GPU loads
 them instead of compiling. Numba keys the cache on the kernel module's own source file: an edit
@@ -28,7 +29,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from numba import cuda, njit
+from numba import njit
+
+from ..lazy_cuda import cuda
 
 __all__ = ["KernelSpec", "KERNELS", "cuda_kernel", "shared", "on_cpu", "THREADS_1D", "cpu_variant"]
 
@@ -62,10 +65,9 @@ def cuda_kernel(*signatures: str, block=THREADS_1D):
         name = f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"
         if name in KERNELS:
             raise ValueError(f"CUDA kernel {name} registered twice")
-        try:
-            dispatcher = cuda.jit(fn, cache=True)     # the simulator ignores cache
-        except RuntimeError:    # no source file to cache beside (a notebook cell, python -c)
-            dispatcher = cuda.jit(fn)
+        # numba's until numba.cuda is imported, a stand-in (minilms.lazy_cuda); the simulator
+        # ignores the cache, and so does a kernel without a source file (a notebook cell)
+        dispatcher = cuda.jit(fn, cache=True)
         KERNELS[name] = KernelSpec(name, fn, tuple(signatures), block, dispatcher)
         return dispatcher
 

@@ -21,8 +21,9 @@ deterministic.
 import math
 
 import numpy as np
-from numba import cuda, int32, njit, prange
+from numba import int32, njit, prange
 
+from ..lazy_cuda import cuda
 from .common import block_max, block_sum, grid_1d, launch, view
 from .registry import cuda_kernel, on_cpu
 

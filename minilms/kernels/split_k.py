@@ -8,8 +8,8 @@ share into a partial of its own (``split_k`` says how many), and ``sum_splits`` 
 in order: deterministic, no atomics. docs/kernels.md has the measured effect.
 """
 import numpy as np
-from numba import cuda
 
+from ..lazy_cuda import cuda
 from . import gemm
 from .common import grid_1d, launch, view
 from .registry import cuda_kernel, on_cpu

@@ -13,12 +13,12 @@ metric, and it keeps nothing. The counting kernel is ``minilms.kernels.softmax.a
 import numbers
 
 import numpy as np
-from numba import cuda
 
 from ..kernels import on_cpu
 from ..kernels.common import launch, view
 from ..kernels.registry import cuda_kernel
 from ..kernels.softmax import accuracy
+from ..lazy_cuda import cuda
 from .base import BufferSpec, Layer, ShapeError, register
 from .recompute import Recompute
 from .split import ACCUMULATE, ONCE, Pass, Phase, SplitRule

@@ -23,13 +23,13 @@ logits'. The kernels are in ``minilms.kernels.softmax``.
 import numbers
 
 import numpy as np
-from numba import cuda
 
 from ..kernels import on_cpu
 from ..kernels.common import grid_1d, launch, view
 from ..kernels.elementwise import fill, scale
 from ..kernels.registry import cuda_kernel
 from ..kernels.softmax import batch_mean, softmax_xent_backward, softmax_xent_forward
+from ..lazy_cuda import cuda
 from .base import BufferSpec, Layer, ShapeError, register
 from .recompute import Recompute
 from .split import ACCUMULATE, ONCE, Pass, Phase, SplitRule, samples

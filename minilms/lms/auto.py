@@ -5,7 +5,7 @@ not, a soft limit of the whole pool or none, and LMS off where it fits, it takes
 least time the cost model (``minilms.lms.cost``) predicts; then the prefetch distance, likewise;
 then, on a GPU, early write-back. The choice is planned in full, so it always fits; a candidate
 that can no longer beat the best so far is cut short while it is planned, which does not change
-the choice. Half of the candidates may be weighed in a forked child (``minilms.lms.forked``).
+the choice. A forked child may weigh candidates beside this process (``minilms.lms.forked``).
 """
 from dataclasses import replace
 
@@ -15,7 +15,7 @@ from ..net import Net, Step
 from ..sizes import format_bytes
 from .collector import collector_paused
 from .cost import CostModel, Streams, simulate, step_times
-from .forked import map_halves
+from .forked import SharedLeast, map_forked
 from .liveness import Liveness
 from .plan import Plan, Policy
 from .planner import make_plan, pinned_blobs
@@ -46,9 +46,11 @@ def auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
     short: one with prefetch that does not fit is planned again with less, and that could win.
     On a GPU (copy engines beside the kernels: ``host_runs_ahead``) the choice is then weighed
     against itself with early write-back (``lms.write_back``, ``minilms.lms.write_back``).
-    Where a second core and ``fork`` allow (``forked.map_halves``), a child process weighs every
-    other candidate, cutting short against the best it has seen; the choice, by time, then bytes
-    moved, then order, is the same, and where the child found it the plan is made again here."""
+    Where a second core and ``fork`` allow (``forked.map_forked``), a child process takes
+    candidates too, whichever process is free taking the next, and both cut short against the
+    best either has planned (``forked.SharedLeast``); the choice, by time, then bytes moved, then
+    order, is the same (which candidates are cut short can differ from run to run), and where the
+    child found it the plan is made again here."""
     with collector_paused():
         return _auto_plan(net, steps, capacity, model, reduce_grads)
 
@@ -65,6 +67,7 @@ def _auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
     sizes = sorted(set(live.nbytes.values()))
     thresholds = sorted({0} | {sizes[int(q * (len(sizes) - 1))] + 1 for q in THRESHOLD_QUANTILES})
     made: dict = {}     # what decides a plan -> its outcome (``weigh``), in this process
+    best_so_far = SharedLeast()     # the least total planned in full, here or in the child
     own = [None, None]  # (key, plan) of the fastest plan this process made in full
 
     def weigh(index, policy):
@@ -75,8 +78,6 @@ def _auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
                 policy.reduce_grads, policy.write_back)
         if same in made:     # the plan is made already: an equal key never replaces the best
             return made[same]
-        # the least total that still loses to the best so far, whatever rounding does to both
-        cut = None if own[0] is None or policy.prefetch else own[0][0] * (1 + 1e-9) + 2e-9
         streams = None
 
         def watch(step_index, step_plan):
@@ -85,9 +86,12 @@ def _auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
                 streams = Streams(model)
             host, device = times[step_index]
             streams.step(step_plan, device, host)
+            if policy.prefetch:
+                return
             host_ahead, device_ahead = ahead[step_index + 1]
-            if cut is not None and max(streams.compute_end + device_ahead,
-                                       streams.host + host_ahead) > cut:
+            # more than the best so far, whatever rounding does to both: it cannot win
+            if max(streams.compute_end + device_ahead, streams.host + host_ahead) > \
+                    best_so_far.value() * (1 + 1e-9) + 2e-9:
                 raise _CutShort(step_index)
         try:
             if policy.write_back == "early":     # rewritten after the walk: timed whole
@@ -103,15 +107,16 @@ def _auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
         except _CutShort as stop:     # not kept: the exception holds the partial plan
             made[same] = outcome = ["cut", stop.args[0]]
         if outcome and outcome[0] != "cut":
+            best_so_far.offer(outcome[0])
             key = (round(outcome[0], 9), outcome[1], index)
             if own[0] is None or key < own[0]:
                 own[:] = [key, plan]
         return outcome
 
     def weighed_all(candidates):
-        """Each of ``candidates`` (``(index, policy)``) weighed, half of them in a forked child
-        (``forked.map_halves``): ``(index, policy, outcome)`` in their order."""
-        outcomes = map_halves(lambda items: [weigh(*item) for item in items], candidates)
+        """Each of ``candidates`` (``(index, policy)``) weighed, some in a forked child
+        (``forked.map_forked``): ``(index, policy, outcome)`` in their order."""
+        outcomes = map_forked(lambda item: weigh(*item), candidates)
         return [(index, policy, outcome)
                 for (index, policy), outcome in zip(candidates, outcomes)]
 

@@ -1,26 +1,55 @@
-"""Half of a list of pure-Python work done in a forked child, the other half here.
+"""A list of pure-Python work shared with a forked child: each item done by whichever process is
+free next.
 
 ``policy: auto`` plans a few dozen candidates, one after another, in Python: seconds for the
 largest nets (``docs/benchmarks.md``, "Start-up: planning a large net"), on one core of the two
 or more a machine has. Threads would share one interpreter lock; a forked child shares the
 parent's memory (the net, its liveness) without copying it, and sends back only its results.
 
-``map_halves(work, items)`` calls ``work(items[1::2])`` in a child and ``work(items[0::2])`` here
-and returns the results of both in the order of ``items``. ``work`` returns one JSON value per
-item (no pickle crosses the pipe). The child is used only where it is safe and can help: ``fork``
-exists, this process runs one thread (a fork copies only the calling thread; a lock another one
-held would stay held in the child), and two cores are there to run the halves at once. Anywhere
-else, and if the child fails, ``work`` runs here on everything, as it would have without it.
+``map_forked(work, items)`` returns ``[work(item) for item in items]``, in the order of
+``items``; a child and this process take the items from one queue (a pipe of their indices), so
+neither waits while the other still has work, however unequal the items are. ``work`` returns a
+JSON value (no pickle crosses the pipe). A ``SharedLeast`` made before the call is one number
+both processes see and lower as they go: ``auto``'s best time so far, against which either
+process cuts its candidates short.
+
+The child is used only where it is safe and can help: ``fork`` exists, this process runs one
+thread (a fork copies only the calling thread; a lock another one held would stay held in the
+child), and two cores are there to run both at once. Anywhere else, ``work`` runs here on
+everything, as it would have without it; and if the child fails, the items it took are done here.
 """
 import json
+import mmap
 import os
+import struct
 import threading
 
-__all__ = ["can_fork", "map_halves"]
+__all__ = ["can_fork", "map_forked", "SharedLeast"]
+
+_INDEX = struct.Struct("<I")    # one queued item: its index, in one atomic pipe read
+_QUEUE_LIMIT = 4096             # items beyond it would not fit a pipe's buffer: no child then
+
+
+class SharedLeast:
+    """The least of the numbers offered so far, in memory a forked child shares with its parent
+    (an anonymous shared mapping made before the fork), so each sees the other's offers at once.
+    ``value()`` is always a number that was offered (infinity before any); two offers at the
+    same moment may leave the larger of the two."""
+
+    def __init__(self):
+        self._memory = mmap.mmap(-1, 8)
+        struct.pack_into("d", self._memory, 0, float("inf"))
+
+    def value(self) -> float:
+        return struct.unpack_from("d", self._memory)[0]
+
+    def offer(self, number: float) -> None:
+        if number < self.value():
+            struct.pack_into("d", self._memory, 0, number)
 
 
 def can_fork() -> bool:
-    """Whether ``map_halves`` would use a child here (the module docstring)."""
+    """Whether ``map_forked`` would use a child here (the module docstring)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -28,40 +57,58 @@ def can_fork() -> bool:
     return hasattr(os, "fork") and threading.active_count() == 1 and cores >= 2
 
 
-def map_halves(work, items: list, fork: bool | None = None) -> list:
-    """``work(items)``'s results, the odd-numbered items' computed in a forked child where
-    ``fork`` (default ``can_fork()``)."""
+def map_forked(work, items: list, fork: bool | None = None) -> list:
+    """``[work(item) for item in items]``, shared with a forked child where ``fork`` (default
+    ``can_fork()``)."""
     if fork is None:
         fork = can_fork()
-    if not fork or len(items) < 2:
-        return list(work(items))
+    if not fork or len(items) < 2 or len(items) > _QUEUE_LIMIT:
+        return [work(item) for item in items]
+    queue, enqueue = os.pipe()
+    tokens = memoryview(b"".join(_INDEX.pack(i) for i in range(len(items))))
+    while tokens:
+        tokens = tokens[os.write(enqueue, tokens):]
+    os.close(enqueue)                    # an empty queue now reads as the end
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:                                   # the child: its half, then out at once
+    if pid == 0:                         # the child: items until none is left, then out at once
         status = 1
         try:
             os.close(read)
+            done = [[i, work(items[i])] for i in _taken(queue)]
             with os.fdopen(write, "w") as pipe:
-                json.dump(list(work(items[1::2])), pipe)
+                json.dump(done, pipe)
             status = 0
         finally:
             os._exit(status)    # no atexit handlers, no buffers of the parent's flushed twice
     os.close(write)
+    results: dict = {}
     try:
-        mine = list(work(items[0::2]))
+        for i in _taken(queue):
+            results[i] = work(items[i])
         with os.fdopen(read) as pipe:
             read = None                            # closed with the file
             text = pipe.read()
     finally:             # an error here, or an interrupt: the child is reaped all the same
+        for _ in _taken(queue):     # after an error, what is left: the child stops sooner
+            pass
+        os.close(queue)
         if read is not None:
             os.close(read)                         # a child still writing gets a broken pipe
         _, status = os.waitpid(pid, 0)
     try:
-        theirs = json.loads(text) if status == 0 else None
-    except ValueError:
-        theirs = None
-    if theirs is None or len(theirs) != len(items[1::2]):
-        theirs = list(work(items[1::2]))           # the child failed: its half here
-    merged = [None] * len(items)
-    merged[0::2], merged[1::2] = mine, theirs
-    return merged
+        theirs = json.loads(text) if status == 0 else []
+        results.update((int(i), result) for i, result in theirs)
+    except (ValueError, TypeError):
+        pass
+    # what the child took and did not bring back (it failed): done here
+    return [results[i] if i in results else work(items[i]) for i in range(len(items))]
+
+
+def _taken(queue: int):
+    """The indices this process takes from the queue, until it is empty."""
+    while True:
+        taken = os.read(queue, _INDEX.size)
+        if not taken:
+            return
+        yield _INDEX.unpack(taken)[0]

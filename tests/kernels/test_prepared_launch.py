@@ -16,7 +16,7 @@ CHECK = textwrap.dedent("""
     from numba.cuda import types
     from minilms.kernels import common, prepared_launch as p
 
-    assert not common.SIMULATED and common.prepared_launch is p.prepared_launch
+    assert not common.SIMULATED and common.launcher() is p.prepared_launch
 
     # scalars as numba passes them: a ctypes value of the kernel's parameter type
     for numba_type, value, c_type in ((types.uint32, 7, ctypes.c_uint32),
@@ -61,4 +61,4 @@ def test_the_simulator_keeps_numbas_own_launch():
     from minilms.kernels import common
     assert common.SIMULATED == bool(numba.config.ENABLE_CUDASIM)
     # in the simulator, or where numba-cuda (cuda.core) is missing: numba's own dispatch
-    assert (common.prepared_launch is not None) != common.SIMULATED
+    assert (common.launcher() is not None) != common.SIMULATED
