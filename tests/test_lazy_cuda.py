@@ -146,3 +146,29 @@ def test_driver_present_loads_where_numba_looks(driver, present):
     assert found[0] is present
     if not present:
         assert found[1:] == [False, False]
+
+
+def test_any_launch_binds_the_declared_kernels_first():
+    """A kernel made with numba's own ``cuda.jit`` (a family that imported numba.cuda itself)
+    compiles with the globals it finds: ``common.launch`` loads and binds every declared kernel
+    and device function before it launches anything."""
+    found = run_python("""
+        import json
+        import numpy as np
+        from numba import cuda
+        from minilms import lazy_cuda
+        from minilms.kernels import common
+
+        @cuda.jit
+        def ones(x):
+            i = cuda.grid(1)
+            if i < x.size:
+                x[i] = 1
+        x = cuda.to_device(np.zeros(3, np.float32))
+        before = lazy_cuda.loaded()
+        common.launch(ones, 1, 32)(x)
+        print(json.dumps([before, lazy_cuda.loaded(), type(common.block_sum).__name__,
+                          x.copy_to_host().tolist()]))
+    """)
+    assert found[:2] == [False, True]
+    assert found[2] != "Deferred" and found[3] == [1.0, 1.0, 1.0]

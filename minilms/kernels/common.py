@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import numba
 
-from ..lazy_cuda import Deferred, cuda
+from ..lazy_cuda import Deferred, cuda, load, loaded
 from .registry import THREADS_1D, on_cpu
 
 __all__ = ["grid_1d", "grid_planes", "launch", "launcher", "counting_launches", "view", "span",
@@ -73,6 +73,8 @@ def launch(kernel, blocks, threads, stream=None):
             counter[name] += 1
         if _SKIPPING:
             return _skip
+    if not loaded():        # numba.cuda imported, every declared kernel's globals bound
+        load()
     if type(kernel) is Deferred:        # declared before numba.cuda was imported
         kernel = kernel.resolve()
     prepared = _LAUNCHER[0] if _LAUNCHER else launcher()
