@@ -5,7 +5,7 @@ start, and training throughput against PyTorch on the same GPU.
                                  [--size 224] [--batches 32 64] [--iters 10] [--runs 3]
                                  [--warmup 2] [--pool-fraction 4] [--gemm-sizes 1024 4096]
                                  [--max-workspace MIB [MIB ...]]
-                                 [--no-torch] [--json FILE] [--smoke]
+                                 [--write-back] [--no-torch] [--json FILE] [--smoke]
 
 Sections (``--only`` picks some; all by default):
 
@@ -36,6 +36,8 @@ Sections (``--only`` picks some; all by default):
   chunk holds, so the launches a step makes and the split-K weight gradients' blocks.
   ``--profile``: cProfile of LMS off (the host's time); ``--gpu-steps``: LMS off under the trace,
   each step's GPU time from CUDA events, by layer type and layer (the GPU's time).
+  ``--write-back``: two more rows, the plan ``auto`` chose with ``lms.write_back`` ``lazy`` and
+  ``early`` (docs/lms.md, "Early write-back": predicted faster on a GPU, to be measured here).
 
 ``--smoke``: tiny shapes under the Numba CUDA simulator (unless ``NUMBA_ENABLE_CUDASIM=0`` says
 otherwise): the test suite's check that this script runs; PyTorch on the CPU where installed.
@@ -47,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -245,14 +248,16 @@ def build(model, size, batch, classes=1000, max_workspace=None):
     return net, inputs
 
 
-def minilms_executor(net, lms, fraction):
+def minilms_executor(net, lms, fraction, policy=None):
+    """An executor on the GPU: LMS off in the pool it needs, or LMS on in ``1/fraction`` of
+    that under ``policy`` (default ``auto``)."""
     from minilms.device import make_device
     from minilms.lms import LmsExecutor, Policy, least_pool, resident_bytes
     from minilms.solver import SGD
     steps = net.schedule(("momentum",))
     everything = resident_bytes(net, steps)
     if lms:
-        policy = Policy(policy="auto")
+        policy = policy or Policy(policy="auto")
         pool = max(everything // fraction, least_pool(net, steps, policy))
     else:
         policy, pool = Policy(enabled=False), everything + 2 ** 20
@@ -395,6 +400,16 @@ def section_train(args, report):
                 if not lms:     # the same executor, its losses read one iteration behind
                     contenders.append(ReadBehind("minilms, LMS off, loss read behind", executor,
                                                  inputs, pool))
+            if args.write_back:     # auto's plan with each write-back (docs/lms.md), measured
+                chosen = contenders[-1].executor.plan.policy
+                for mode in ("lazy", "early"):
+                    policy = replace(chosen, policy="manual", write_back=mode)
+                    executor, pool = minilms_executor(net, True, args.pool_fraction, policy)
+                    contender = Contender(f"minilms, LMS on, write-back {mode}",
+                                          lambda e=executor: e.iterate(inputs)["loss"], pool,
+                                          executor.device.close)
+                    contender.executor = executor
+                    contenders.append(contender)
             if torch is not None:
                 off = contenders[0].executor
                 off.sync_state()
@@ -528,6 +543,8 @@ def main(argv=None) -> int:
                    help="train: each convolution's max_workspace, MiB (several: one pass each)")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--profile", action="store_true", help="train: cProfile of minilms LMS off")
+    p.add_argument("--write-back", action="store_true",
+                   help="train: also auto's LMS plan with lms.write_back lazy and early")
     p.add_argument("--gpu-steps", action="store_true",
                    help="train: each step's GPU time (events), by layer type, minilms LMS off")
     p.add_argument("--json", help="write every figure to this file")

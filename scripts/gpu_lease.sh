@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One lease of a GPU (the workplace's device tool), run from the repository root there:
 #   the environment, a cold and a warm start, the GEMM and launch figures, ResNet-18 training
-#   against PyTorch, then the suite's CUDA tier with what time is left before DEADLINE seconds.
+#   against PyTorch, ResNet-50 LMS on with early write-back against lazy (session 39's
+#   prediction: 1.13-1.25x), then the suite's CUDA tier with what time is left before DEADLINE.
 # Logs and JSON go to $OUT (the device tool brings them back); the end of the output is a summary.
 # Uses the machine's own python3 (numba, numba-cuda, PyTorch installed); nothing is installed.
 set -u
@@ -9,7 +10,7 @@ export NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${P
 OUT=${OUT:-/tmp/gpu-lease}
 DEADLINE=${DEADLINE:-380}
 BATCHES=${BATCHES:-32 64}
-PARTS=${PARTS:-start kernels train tier}      # which of the four parts below run
+PARTS=${PARTS:-start kernels train writeback tier}      # which of the parts below run
 PROFILE=${PROFILE:-}      # --profile (the host's time in training), --gpu-steps (the GPU's, per step)
 export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-/tmp/minilms-numba-cache}   # empty: the first start is cold
 mkdir -p "$OUT" "$NUMBA_CACHE_DIR"
@@ -28,6 +29,9 @@ part kernels && timeout 60 python3 scripts/bench_cuda.py --only env gemm launch 
 # shellcheck disable=SC2086
 part train && timeout 150 python3 scripts/bench_cuda.py --only train --batches $BATCHES $PROFILE \
     --json "$OUT/train.json" 2>&1 | tee "$OUT/train.log"
+part writeback && timeout 180 python3 scripts/bench_cuda.py --only train --model resnet50 \
+    --batches 32 --iters 5 --runs 2 --no-torch --write-back --json "$OUT/writeback.json" 2>&1 \
+    | tee "$OUT/writeback.log"
 
 if ! part tier; then
     :
