@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import numba
 
-from ..lazy_cuda import Deferred, cuda, load, loaded
+from ..lazy_cuda import Deferred, cuda, load
 from .registry import THREADS_1D, on_cpu
 
 __all__ = ["grid_1d", "grid_planes", "launch", "launcher", "counting_launches", "view", "span",
@@ -24,9 +24,11 @@ _LAUNCHER: list = []    # [prepared_launch, or None for numba's own], found at t
 
 def launcher():
     """``prepared_launch`` on a real GPU; None (numba's own dispatch) in the simulator or without
-    numba-cuda's ``cuda.core``. Imported at the first launch: it imports numba.cuda, which a run
-    on the cpu device never needs (``minilms.lazy_cuda``)."""
+    numba-cuda's ``cuda.core``. Found at the first launch, which is also when numba.cuda is
+    imported and every declared kernel's globals bound (``minilms.lazy_cuda``): a run on the cpu
+    device never needs it."""
     if not _LAUNCHER:
+        load()
         found = None
         if not SIMULATED:
             try:
@@ -73,11 +75,9 @@ def launch(kernel, blocks, threads, stream=None):
             counter[name] += 1
         if _SKIPPING:
             return _skip
-    if not loaded():        # numba.cuda imported, every declared kernel's globals bound
-        load()
+    prepared = _LAUNCHER[0] if _LAUNCHER else launcher()     # the first: loads numba.cuda
     if type(kernel) is Deferred:        # declared before numba.cuda was imported
         kernel = kernel.resolve()
-    prepared = _LAUNCHER[0] if _LAUNCHER else launcher()
     if prepared is not None:
         return prepared(kernel, blocks, threads, stream)
     return kernel[blocks, threads] if stream is None else kernel[blocks, threads, stream]
