@@ -134,6 +134,18 @@ def test_bench_windows_smoke(capsys):
     assert re.search(r"^resnet50 32 b2 +\d+ +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
 
 
+def test_bench_bands_smoke(capsys):
+    """A row per stem shape and pass (forward, dW): each path's ms, the bands' ratio to the best
+    other and the engine's choice (a 56x56 plane: taken); then a row per net, its iterations with
+    the bands and without (numbers never asserted)."""
+    assert run_script("bench_bands.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    for label in ("forward", "dW"):
+        assert re.search(rf"^conv1 +2x3x112x112 7x7/2 +{label} +[\d.]+ +[\d.]+ +[\d.]+ "
+                         r"+[\d.]+x +yes$", out, re.M), out
+    assert re.search(r"^resnet50 112 b2 +1 +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
+
+
 def test_bench_slotted_smoke(capsys):
     """A row per short-plane layer and pass, per sample against in slots and whether the layer
     takes them; then a row per net, slots and none alternating (numbers never asserted)."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import blas_threads, mkl
 
-__all__ = ["ROW_MAJOR", "NO_TRANS", "TRANS", "sgemm"]
+__all__ = ["ROW_MAJOR", "NO_TRANS", "TRANS", "sgemm", "chosen_sgemm"]
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 _NAMES = (("scipy_cblas_sgemm64_", ctypes.c_int64), ("cblas_sgemm64_", ctypes.c_int64),
@@ -73,3 +73,15 @@ def sgemm(library: str):
     if library not in _found:
         _found[library] = _find(library)
     return _found[library]
+
+
+def chosen_sgemm():
+    """``(cblas_sgemm, library)``: the chosen library's (``mkl.chosen``), or the other's where
+    that one has none. Raises RuntimeError where neither has one."""
+    chosen = mkl.chosen()
+    for library in (chosen, "openblas" if chosen == "mkl" else "mkl"):
+        function = sgemm(library)
+        if function is not None:
+            return function, library
+    raise RuntimeError("no cblas_sgemm found in MKL or numpy's OpenBLAS for the kernels that "
+                       "call it from Numba (minilms.kernels.cblas)")

@@ -7,9 +7,10 @@ float32 elements the layer's workspace must hold on top of its own needs), ``for
 (None where it wrote them), which the layer then computes by im2col + GEMM. Which path is faster
 was measured per kernel shape (``scripts/bench_kernels.py``, ``scripts/bench_windows.py``,
 ``scripts/bench_winograd.py``; ``docs/benchmarks.md``) and is written down in the ``pays`` rules
-of ``winograd``, ``windows``, ``conv``, ``input_grad`` and ``weight_grad``. 1x1 convolutions go
-to ``pointwise``; then, where they pay, Winograd's (3x3, stride 1) or else the row windows take a
-layer whole; what is left goes kernel by kernel.
+of ``winograd``, ``windows``, ``bands``, ``conv``, ``input_grad`` and ``weight_grad``. 1x1
+convolutions go to ``pointwise``; then, where they pay, Winograd's (3x3, stride 1), the row
+windows (many channels) or the bands (a stem's few) take a layer whole; what is left goes kernel
+by kernel.
 
 It covers float32 convolutions without groups on the ``cpu`` device; anything else (float64, the
 gradient checks; groups; ``cuda``) is left whole to the reference.
@@ -17,7 +18,7 @@ gradient checks; groups; ``cuda``) is left whole to the reference.
 from .. import slotted
 from ..im2col import conv_out_size
 from ..registry import on_cpu
-from . import conv, input_grad, pointwise, weight_grad, windows, winograd
+from . import bands, conv, input_grad, pointwise, weight_grad, windows, winograd
 from .vector_ir import VL
 
 __all__ = ["DirectConvolution"]
@@ -40,6 +41,7 @@ class DirectConvolution:
         self.pointwise = bool(chunk) and pointwise.applies(weight_shape, geometry)
         self.window_slots = 0       # > 0: the row windows run it all, with this many workers
         self.winograd_slots = 0     # > 0: Winograd's F(2x2, 3x3) runs it all, likewise
+        self.band_slots = 0         # > 0: im2col + GEMM in bands runs it all, likewise
         self.slots = 1              # pointwise: samples per product (``slotted.count``)
         # which input gradient runs here ("direct", "lanes", or None: im2col + GEMM's), and
         # whether the weight gradient does: the backward leaves the rest to the layer
@@ -69,6 +71,13 @@ class DirectConvolution:
             self.elements = windows.workspace_elements(x_shape, weight_shape, geometry,
                                                        self.window_slots)
             return
+        if bands.pays(weight_shape, geometry, out_h * out_w):
+            self.band_slots = bands.slot_count(x_shape, weight_shape, geometry,
+                                               max_workspace // 4)
+        if self.band_slots:
+            self.elements = bands.workspace_elements(x_shape, weight_shape, geometry,
+                                                     self.band_slots)
+            return
         self.dw_direct = weight_grad.weight_grad_pays(weight_shape, out_h * out_w)
         self.forward_direct = conv.forward_pays(weight_shape, out_h * out_w)
         # the larger of the forward's and the weight gradient's prepared inputs (max_step 1),
@@ -92,7 +101,8 @@ class DirectConvolution:
         """Whether this engine runs every part of the forward and the backward here (float32,
         no groups, on the ``cpu`` device), so the layer needs no workspace of its own there."""
         return self.chunk >= 1 and self.groups == 1 and (
-            self.pointwise or self.window_slots > 0 or self.winograd_slots > 0 or (
+            self.pointwise or self.window_slots > 0 or self.winograd_slots > 0 or
+            self.band_slots > 0 or (
                 self.forward_direct and self.dx_path is not None and self.dw_direct))
 
     def _applies(self, array) -> bool:
@@ -112,6 +122,9 @@ class DirectConvolution:
             return True
         if self.window_slots:
             windows.forward(x, weight, bias, y, work, self.window_slots, self.geometry)
+            return True
+        if self.band_slots:
+            bands.forward(x, weight, bias, y, work, self.band_slots, self.geometry)
             return True
         chunk = conv.chunk_size(x.shape, self.geometry, work.size)
         if chunk < 1 or not self.forward_direct:
@@ -138,6 +151,10 @@ class DirectConvolution:
         if self.window_slots:
             windows.backward(x, dy, weight, dx, dweight, dbias, work, self.window_slots,
                              self.geometry)
+            return None, None, None
+        if self.band_slots:
+            bands.backward(x, dy, weight, dx, dweight, dbias, work, self.band_slots,
+                           self.geometry)
             return None, None, None
         # The direct kernels run first: run after a GEMM, they would share the cores with
         # OpenBLAS's workers, which spin for a while after a call.

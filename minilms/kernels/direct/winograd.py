@@ -225,15 +225,10 @@ def _gemm(layout):
     plane's samples go in groups; on OpenBLAS a sample a block: its small products gave a row
     other bits where it sat elsewhere in the block (MKL never), and a sample's place in a group
     moves with the chunk."""
-    chosen = mkl.chosen()
-    for library in (chosen, "openblas" if chosen == "mkl" else "mkl"):
-        gemm = cblas.sgemm(library)
-        if gemm is not None:
-            if library == "mkl":
-                return gemm, layout.group, layout.block
-            return gemm, 1, layout.sample_block
-    raise RuntimeError("no cblas_sgemm found in MKL or numpy's OpenBLAS for the Winograd "
-                       "convolutions (minilms.kernels.cblas)")
+    gemm, library = cblas.chosen_sgemm()
+    if library == "mkl":
+        return gemm, layout.group, layout.block
+    return gemm, 1, layout.sample_block
 
 
 def _convolve(x, u, u_trans, bias, y, work, slots, pad, layout):

@@ -1,0 +1,285 @@
+"""Convolutions over a few input channels (a net's stem: 7x7, stride 2, over an image's three)
+as im2col + GEMM in bands of output rows, each band made and used in one core's cache.
+
+A stem's im2col columns are ``kh * kw / (sh * sw)`` times its input (12 times for ResNet's and
+GoogLeNet's: 59 MiB for eight 224x224 images), so the columns of a sample, let alone of a chunk,
+are written far beyond the core's cache and read back by the GEMM from memory; the direct kernels
+reach half the GEMM's rate there. A band of ``rows`` output rows needs ``K = C * kh * kw`` rows
+of ``rows * OW`` columns (``BAND_COLUMNS`` or more), made, multiplied and dropped in the core's
+cache. Per sample and band, from output row ``r0``::
+
+    xp[c, r, f, q] = x_padded[c, r0 * sh + r, q * sw + f]      the band's input rows, one copy
+                                                              per column phase f (stride sw)
+    col[(c, i, j), (oh - r0) * OW + ow] = xp[c, (oh - r0) * sh + i * dh, f, ow + s]
+                       with (s, f) = divmod(j * dw, sw): each run of OW a contiguous copy
+    y[n][:, band]  = W @ col                        [O, K] @ [K, rows * OW]
+    dW_n          += dy[n][:, band] @ col^T         a sample's weight gradient, over its bands
+    col            = W^T @ dy[n][:, band];  dx[n] += col2im(col), band after band
+    dW             = dW_0 + dW_1 + ...              in sample order
+
+Each worker (``blas_threads.run_workers``) takes a run of samples and does all of each in its
+own slot of the workspace on one thread: the copies in a compiled loop (``nogil``) that calls
+``cblas_sgemm`` itself (``kernels.cblas``), as ``winograd`` does.
+
+Deterministic whatever the threads: a sample's forward, input gradient and weight gradient are
+its own (the same GEMMs in the same order), and the samples' weight gradients are added in sample
+order; a step split along the batch sums its chunks' (regrouped, as every engine's dW is). Equal
+to im2col + GEMM up to float32 rounding (the tests compare them with float64 references).
+"""
+import numba
+import numpy as np
+from numba import njit
+
+from .. import cblas
+from ..blas_threads import run_workers
+from ..cblas import NO_TRANS, ROW_MAJOR, TRANS
+from ..im2col import conv_out_size
+from .weight_grad import bias_grad
+
+__all__ = ["applies", "pays", "MAX_SLOTS", "band_rows", "slot_count", "workspace_elements",
+           "forward", "backward"]
+
+
+def applies(weight_shape, geometry) -> bool:
+    """A kernel of more than one tap (any stride, padding and dilation)."""
+    (kh, kw), _, _, _ = geometry
+    return kh * kw > 1 and len(weight_shape) == 4
+
+
+# Measured (scripts/bench_bands.py; docs/benchmarks.md, session 41): on ResNet's and GoogLeNet's
+# stems (3 channels, 7x7, stride 2, to 112x112, 64 outputs) the bands beat the direct kernels
+# 1.4-1.7x, forward and weight gradient; with 32 outputs 1.04-1.2x, with 16 0.7-0.8x (a GEMM of
+# 16 rows). With fewer taps (a 3x3 or 5x5 over 1-3 channels: K of 25-27) the direct kernels win
+# by up to 1.6x. So: up to BANDS_CHANNELS input channels (an image's), at least BANDS_TAPS taps
+# (C * kh * kw) and BANDS_OUTPUTS outputs, on output planes of at least BANDS_PLANE; LeNet's and
+# the small ResNets' first layers keep the direct kernels they were measured with.
+BANDS_CHANNELS = 4
+BANDS_TAPS = 64
+BANDS_OUTPUTS = 32
+BANDS_PLANE = 56 * 56
+# Columns per band at least: a GEMM about as wide as the core's cache holds K rows of.
+BAND_COLUMNS = 896
+# At most this many workers (a slot each): a fixed number, so that the workspace, and so a plan,
+# does not depend on the machine's threads (as windows.MAX_SLOTS).
+MAX_SLOTS = 8
+
+
+def pays(weight_shape, geometry, out_plane: int) -> bool:
+    """Where the bands measured faster than the other paths (above)."""
+    out, channels, kh, kw = weight_shape if len(weight_shape) == 4 else (0, 0, 0, 0)
+    return applies(weight_shape, geometry) and channels <= BANDS_CHANNELS and \
+        channels * kh * kw >= BANDS_TAPS and out >= BANDS_OUTPUTS and out_plane >= BANDS_PLANE
+
+
+def band_rows(out_w: int, out_h: int) -> int:
+    """Output rows per band: ``BAND_COLUMNS`` columns or more, at most the plane."""
+    return max(1, min(out_h, -(-BAND_COLUMNS // out_w)))
+
+
+class _Sizes:
+    """One layer shape's band and slot sizes, in float32 elements."""
+
+    def __init__(self, x_shape, weight_shape, geometry):
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
+        samples, channels, height, width = x_shape
+        self.out, self.taps = weight_shape[0], channels * kh * kw
+        self.out_h = conv_out_size(height, kh, sh, ph, dh)
+        self.out_w = conv_out_size(width, kw, sw, pw, dw)
+        self.rows = band_rows(self.out_w, self.out_h)
+        # the band's input rows, and each phase's columns (the last tap's run ends at the last)
+        self.in_rows = (self.rows - 1) * sh + (kh - 1) * dh + 1
+        self.phase_cols = self.out_w + (kw - 1) * dw // sw
+        self.copy = channels * self.in_rows * sw * self.phase_cols
+        self.columns = self.taps * self.rows * self.out_w
+        self.slot = self.copy + self.columns
+        self.parts = samples * self.out * self.taps     # the samples' weight gradients
+
+
+def workspace_elements(x_shape, weight_shape, geometry, slots: int) -> int:
+    """Float32 elements for ``slots`` workers: the samples' weight gradients ``[N, O, K]``, then
+    a slot per worker (the band's input rows by phase, and its columns)."""
+    sizes = _Sizes(x_shape, weight_shape, geometry)
+    return sizes.parts + slots * sizes.slot
+
+
+def slot_count(x_shape, weight_shape, geometry, elements: int) -> int:
+    """The slots ``elements`` hold: at most ``MAX_SLOTS`` and the batch (0: not even one)."""
+    sizes = _Sizes(x_shape, weight_shape, geometry)
+    return max(0, min(x_shape[0], MAX_SLOTS, (elements - sizes.parts) // sizes.slot))
+
+
+@njit(cache=True, nogil=True)
+def _band_copy(x, xp, top, sh, sw, ph, pw):
+    """``xp[c, r, f, q] = x_padded[c, top + r, q * sw + f]`` (0 in the padding and below the
+    input) for one sample's ``x [C, H, W]``."""
+    channels, height, width = x.shape
+    rows, phases, cols = xp.shape[1], xp.shape[2], xp.shape[3]
+    for c in range(channels):
+        for r in range(rows):
+            h = top + r - ph
+            for f in range(phases):
+                dst = xp[c, r, f]
+                if 0 <= h < height:
+                    src = x[c, h]
+                    for q in range(cols):
+                        w = q * sw + f - pw
+                        dst[q] = src[w] if 0 <= w < width else 0.0
+                else:
+                    dst[:] = 0.0
+
+
+@njit(cache=True, nogil=True)
+def _band_columns(xp, col, count, kh, kw, sh, sw, dh, dw, out_w):
+    """The band's ``count`` output rows of im2col from ``xp``: contiguous runs of ``out_w``."""
+    channels = xp.shape[0]
+    for c in range(channels):
+        for i in range(kh):
+            for j in range(kw):
+                dst = col[(c * kh + i) * kw + j]
+                shift, phase = divmod(j * dw, sw)
+                for r in range(count):
+                    src = xp[c, r * sh + i * dh, phase]
+                    at = r * out_w
+                    for ow in range(out_w):     # a loop: a slice's copy checks for overlap
+                        dst[at + ow] = src[shift + ow]
+
+
+@njit(cache=True, nogil=True)
+def _band_col2im(col, dx, top, count, kh, kw, sh, sw, ph, pw, dh, dw, out_w):
+    """``dx += col2im(col)`` for the band of ``count`` output rows from output row ``top``,
+    in ``(c, i, j, row)`` order."""
+    channels, height, width = dx.shape
+    for c in range(channels):
+        img = dx[c]
+        for i in range(kh):
+            for j in range(kw):
+                src = col[(c * kh + i) * kw + j]
+                offset = j * dw - pw
+                # the output columns whose input column 0 <= ow * sw + offset < width
+                first = max(0, -(offset // sw))
+                stop = min(out_w, (width - 1 - offset) // sw + 1)
+                for r in range(count):
+                    h = (top + r) * sh + i * dh - ph
+                    if 0 <= h < height:
+                        row = img[h]
+                        at = r * out_w
+                        for ow in range(first, stop):
+                            row[ow * sw + offset] += src[at + ow]
+
+
+@njit(cache=True, nogil=True)
+def _samples(gemm, x, dy, weight, bias, y, dx, parts, first, stop, xp, col, band, kh, kw, sh,
+             sw, ph, pw, dh, dw, out_h, out_w):
+    """Samples ``first <= n < stop``, band by band. Where ``y`` has samples (``y.shape[0] >
+    0``), the forward; else the backward: where ``parts`` has samples, each sample's weight
+    gradient ``parts[n]``, and where ``dx`` has, its input gradient (``dx[n]`` written)."""
+    out, taps = weight.shape
+    plane = out_h * out_w
+    ld = col.shape[1]
+    forward, weight_grad, input_grad = y.shape[0] > 0, parts.shape[0] > 0, dx.shape[0] > 0
+    for n in range(first, stop):
+        if input_grad:
+            dx[n, :, :, :] = 0.0
+        for top in range(0, out_h, band):
+            count = min(band, out_h - top)
+            width, at = count * out_w, top * out_w
+            if forward or weight_grad:
+                _band_copy(x[n], xp, top * sh, sh, sw, ph, pw)
+                _band_columns(xp, col, count, kh, kw, sh, sw, dh, dw, out_w)
+            if forward:
+                gemm(ROW_MAJOR, NO_TRANS, NO_TRANS, out, width, taps, 1.0,
+                     weight.ctypes.data, taps, col.ctypes.data, ld, 0.0,
+                     y[n, 0, at:].ctypes.data, plane)
+                if bias.shape[0] > 0:
+                    for o in range(out):
+                        y[n, o, at:at + width] += bias[o]
+            if weight_grad:
+                gemm(ROW_MAJOR, NO_TRANS, TRANS, out, taps, width, 1.0,
+                     dy[n, 0, at:].ctypes.data, plane, col.ctypes.data, ld,
+                     0.0 if top == 0 else 1.0, parts[n].ctypes.data, taps)
+            if input_grad:      # the columns' room, done with: the band's columns of dx
+                gemm(ROW_MAJOR, TRANS, NO_TRANS, taps, width, out, 1.0,
+                     weight.ctypes.data, taps, dy[n, 0, at:].ctypes.data, plane, 0.0,
+                     col.ctypes.data, ld)
+                _band_col2im(col, dx[n], top, count, kh, kw, sh, sw, ph, pw, dh, dw, out_w)
+
+
+class _Layout:
+    """The workspace's arrays for one call: ``parts [N, O, K]`` and each slot's ``xp`` and
+    ``col``."""
+
+    def __init__(self, work, slots, x_shape, weight_shape, geometry):
+        sizes = self.sizes = _Sizes(x_shape, weight_shape, geometry)
+        (_, _), (_, sw), _, _ = geometry
+        self.parts = work[:sizes.parts].reshape(x_shape[0], sizes.out, sizes.taps)
+        at = sizes.parts
+        self.copies, self.columns = [], []
+        for _ in range(slots):
+            self.copies.append(work[at:at + sizes.copy].reshape(
+                x_shape[1], sizes.in_rows, sw, sizes.phase_cols))
+            at += sizes.copy
+            self.columns.append(work[at:at + sizes.columns].reshape(
+                sizes.taps, sizes.rows * sizes.out_w))
+            at += sizes.columns
+
+
+def _deal(samples: int, slots: int):
+    """Each worker's run of samples ``(first, stop)``: a worker per thread, at most one per
+    slot."""
+    workers = max(1, min(numba.get_num_threads(), slots, samples))
+    return [(samples * t // workers, samples * (t + 1) // workers) for t in range(workers)]
+
+
+_NONE4 = np.empty((0, 1, 1, 1), np.float32)
+_NONE3 = np.empty((0, 1, 1), np.float32)
+_NONE1 = np.empty(0, np.float32)
+
+
+def _run(x, dy, weight, bias, y, dx, parts, work, slots, geometry):
+    """Deals the samples out to workers, each running ``_samples`` in its slot; returns the
+    workspace's ``parts``."""
+    layout = _Layout(work, slots, x.shape, weight.shape, geometry)
+    sizes = layout.sizes
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
+    w = np.ascontiguousarray(weight).reshape(sizes.out, sizes.taps)
+    gemm = cblas.chosen_sgemm()[0]
+    if parts is True:
+        parts = layout.parts[:x.shape[0]]
+    runs = _deal(x.shape[0], slots)
+
+    def worker(t):
+        _samples(gemm, x, dy, w, bias, y, dx, parts, *runs[t], layout.copies[t],
+                 layout.columns[t], sizes.rows, kh, kw, sh, sw, ph, pw, dh, dw, sizes.out_h,
+                 sizes.out_w)
+
+    run_workers(worker, len(runs))
+    return layout.parts
+
+
+def forward(x, weight, bias, y, work, slots, geometry) -> None:
+    """``y = conv(x, weight) + bias`` (bias may be None) through ``work``
+    (``workspace_elements`` for ``slots``)."""
+    samples, out = y.shape[0], y.shape[1]
+    _run(np.ascontiguousarray(x), _NONE3, weight,
+         _NONE1 if bias is None else np.ascontiguousarray(bias), y.reshape(samples, out, -1),
+         _NONE4, _NONE3, work, slots, geometry)
+
+
+def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry) -> None:
+    """The gradients (each overwritten; None where not wanted) through ``work``
+    (``workspace_elements`` for ``slots``): one pass over the samples for both ``dW`` and
+    ``dx``."""
+    samples, out = dy.shape[0], dy.shape[1]
+    dy3 = np.ascontiguousarray(dy).reshape(samples, out, -1)
+    if dbias is not None:
+        bias_grad(dy3, dbias)
+    if dweight is None and dx is None:
+        return
+    parts = _run(np.ascontiguousarray(x), dy3, weight, _NONE1, _NONE3,
+                 _NONE4 if dx is None else dx, _NONE3 if dweight is None else True, work,
+                 slots, geometry)
+    if dweight is not None:
+        total = dweight.reshape(out, -1)
+        total[...] = parts[0]
+        for n in range(1, samples):     # in sample order, whatever the workers
+            total += parts[n]

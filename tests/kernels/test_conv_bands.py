@@ -1,0 +1,192 @@
+"""im2col + GEMM in bands (``kernels.direct.bands``) against float64 references that share no
+code with it (one einsum per tap): forward, input, weight and bias gradients on random geometries
+(strides, padding, dilation; bands of one row to the whole plane), workers and slots; garbage in
+the workspace must not leak; every result, the weight gradient included, the same bits whatever
+the thread count, and a sample's whatever the batch around it; where the engine takes it, and the
+layer's ``auto`` engine against ``reference`` at a ResNet stem."""
+import numba
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minilms.kernels import conv_cpu
+from minilms.kernels.direct import DirectConvolution, bands
+from minilms.layers.convolution import Convolution
+
+from ..layers.test_convolution_engines import run as run_layer
+from .conv_geometry import geometries
+from .test_conv_direct import reference, reference_input_grad
+from .test_conv_weight_grad import reference as reference_weight_grad
+
+MiB = 2**20
+STEM = ((7, 7), (2, 2), (3, 3), (1, 1))
+
+
+def run(x, weight, bias, dy, geometry, slots):
+    """Forward and backward through a NaN-filled workspace; NaN-filled outputs, so anything
+    left unwritten shows."""
+    work = np.full(bands.workspace_elements(x.shape, weight.shape, geometry, slots), np.nan,
+                   np.float32)
+    y = np.full(dy.shape, np.nan, np.float32)
+    dx, dw = np.full_like(x, np.nan), np.full_like(weight, np.nan)
+    db = None if bias is None else np.full(weight.shape[0], np.nan, np.float32)
+    bands.forward(x, weight, bias, y, work, slots, geometry)
+    work[:] = np.nan
+    bands.backward(x, dy, weight, dx, dw, db, work, slots, geometry)
+    return y, dx, dw, db
+
+
+@settings(max_examples=40, deadline=None)
+@given(geometries((1, 5), (1, 4), (1, 6), (1, 7), (1, 7), (1, 3), (1, 30), (1, 30)),
+       st.integers(1, 3), st.booleans(), st.sampled_from([1, 7, 40, 10_000]),
+       st.integers(0, 2**31 - 1))
+def test_matches_the_definition(g, slots, with_bias, columns, seed):
+    if not g.has_output or not bands.applies((g.o, g.c) + g.kernel, g.args):
+        return
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((g.n, g.c, g.height, g.width)).astype(np.float32)
+    weight = rng.standard_normal((g.o, g.c) + g.kernel).astype(np.float32)
+    bias = rng.standard_normal(g.o).astype(np.float32) if with_bias else None
+    dy = rng.standard_normal((g.n, g.o, g.out_h, g.out_w)).astype(np.float32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bands, "BAND_COLUMNS", columns)    # bands of a row up to the plane
+        y, dx, dw, db = run(x, weight, bias, dy, g.args, slots)
+    taps = g.c * g.kernel[0] * g.kernel[1]
+    want_y = reference(x, weight, np.zeros(g.o) if bias is None else bias, *g.args[1:])
+    np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5 * np.sqrt(taps))
+    want_dx = reference_input_grad(dy, weight, x.shape, *g.args[1:])
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-5, atol=1e-5 * np.sqrt(g.o * taps))
+    want_dw, want_db = reference_weight_grad(x, dy, *g.args)
+    terms = np.sqrt(g.n * g.out_h * g.out_w)
+    np.testing.assert_allclose(dw, want_dw, rtol=1e-5, atol=1e-5 * terms)
+    if with_bias:
+        np.testing.assert_allclose(db, want_db, rtol=1e-5, atol=1e-5 * terms)
+
+
+def test_gradients_it_is_not_asked_for_stay_untouched():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 3, 30, 30)).astype(np.float32)
+    weight = rng.standard_normal((5, 3, 7, 7)).astype(np.float32)
+    dy = rng.standard_normal((3, 5, 15, 15)).astype(np.float32)
+    work = np.empty(bands.workspace_elements(x.shape, weight.shape, STEM, 2), np.float32)
+    dx, dw = np.full_like(x, 7.0), np.full_like(weight, 7.0)
+    bands.backward(x, dy, weight, None, dw, None, work, 2, STEM)
+    assert np.all(dx == 7.0)
+    bands.backward(x, dy, weight, dx, None, None, work, 2, STEM)
+    np.testing.assert_allclose(dw, reference_weight_grad(x, dy, *STEM)[0], rtol=1e-5,
+                               atol=1e-3)
+    np.testing.assert_allclose(dx, reference_input_grad(dy, weight, x.shape, *STEM[1:]),
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_its_bits_do_not_depend_on_the_threads_or_the_batch(monkeypatch):
+    """Every result, the weight gradient too (the samples' parts added in sample order), with
+    one thread or several; a step split along the batch gives the whole step's forward and input
+    gradient bit for bit, and its weight gradient as the sum of the chunks'."""
+    monkeypatch.setattr(bands, "BAND_COLUMNS", 100)     # several bands a sample
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 3, 56, 56)).astype(np.float32)
+    weight = rng.standard_normal((16, 3, 7, 7)).astype(np.float32)
+    dy = rng.standard_normal((6, 16, 28, 28)).astype(np.float32)
+    slots = bands.slot_count(x.shape, weight.shape, STEM, 2**30)
+    whole = run(x, weight, None, dy, STEM, slots)
+    threads = numba.get_num_threads()
+    try:
+        for k, count in ((6, 1), (1, threads), (2, 1), (4, threads)):
+            numba.set_num_threads(count)
+            parts = [run(x[n0:n0 + k], weight, None, dy[n0:n0 + k], STEM, slots)
+                     for n0 in range(0, 6, k)]
+            for i, what in ((0, "forward"), (1, "input gradient")):
+                np.testing.assert_array_equal(np.concatenate([p[i] for p in parts]), whole[i],
+                                              err_msg=f"{what}, chunks of {k}, {count} threads")
+            if k == 6:
+                np.testing.assert_array_equal(parts[0][2], whole[2], err_msg="weight gradient")
+            np.testing.assert_allclose(sum(p[2] for p in parts), whole[2], rtol=1e-5,
+                                       atol=1e-3)
+    finally:
+        numba.set_num_threads(threads)
+
+
+def test_the_workspace_does_not_depend_on_the_threads():
+    """The plan knows the workspace before the run: slots are fixed, not the thread count."""
+    shape, weight = (16, 3, 224, 224), (64, 3, 7, 7)
+    threads = numba.get_num_threads()
+    try:
+        counts = set()
+        for count in (1, threads):
+            numba.set_num_threads(count)
+            counts.add(bands.slot_count(shape, weight, STEM, 2**30))
+    finally:
+        numba.set_num_threads(threads)
+    assert counts == {bands.MAX_SLOTS}
+    assert bands.slot_count((3,) + shape[1:], weight, STEM, 2**30) == 3
+    one = bands.workspace_elements(shape, weight, STEM, 1)
+    assert bands.slot_count(shape, weight, STEM, one) == 1
+    assert bands.slot_count(shape, weight, STEM, one - 1) == 0
+
+
+def test_a_band_is_about_band_columns_wide():
+    assert bands.band_rows(112, 112) == -(-bands.BAND_COLUMNS // 112)
+    assert bands.band_rows(1120, 1120) == 1      # GoogLeNet's stem at 2240x2240: a row
+    assert bands.band_rows(8, 3) == 3            # never past the plane
+
+
+def test_where_the_bands_pay():
+    """Measured: a stem (an image's channels, 7x7 stride 2, to 112x112 and more, 32 outputs or
+    more); not a 16-output stem, few taps (a 3x3 or 5x5 over 1-3 channels), many channels (the
+    windows' and Winograd's), a small plane (LeNet, the small ResNets), or a 1x1 kernel."""
+    assert bands.pays((64, 3, 7, 7), STEM, 112 * 112)
+    assert bands.pays((64, 3, 7, 7), STEM, 1120 * 1120)
+    assert bands.pays((32, 3, 7, 7), STEM, 112 * 112)
+    assert not bands.pays((16, 3, 7, 7), STEM, 112 * 112)
+    assert not bands.pays((64, 3, 7, 7), STEM, 16 * 16)
+    assert not bands.pays((64, 3, 3, 3), ((3, 3), (1, 1), (1, 1), (1, 1)), 112 * 112)
+    assert not bands.pays((32, 1, 5, 5), ((5, 5), (1, 1), (0, 0), (1, 1)), 56 * 56)
+    assert not bands.pays((20, 1, 5, 5), ((5, 5), (1, 1), (0, 0), (1, 1)), 24 * 24)   # LeNet
+    assert not bands.pays((64, 64, 3, 3), ((3, 3), (1, 1), (1, 1), (1, 1)), 56 * 56)
+    assert not bands.applies((64, 3, 1, 1), ((1, 1), (1, 1), (0, 0), (1, 1)))
+
+
+def test_the_engine_takes_a_stem_whole_and_needs_no_columns():
+    engine = DirectConvolution((8, 3, 224, 224), (64, 3, 7, 7), 1, STEM, chunk=6,
+                               max_workspace=64 * MiB)
+    assert engine.band_slots == 8 and engine.covers_all
+    assert engine.elements == bands.workspace_elements((8, 3, 224, 224), (64, 3, 7, 7), STEM, 8)
+    # a workspace too small for one slot: the other paths
+    tight = DirectConvolution((8, 3, 224, 224), (64, 3, 7, 7), 1, STEM, chunk=6,
+                              max_workspace=4 * bands.workspace_elements(
+                                  (8, 3, 224, 224), (64, 3, 7, 7), STEM, 1) - 4)
+    assert tight.band_slots == 0
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_layer_runs_it_and_agrees_with_the_reference_engine(monkeypatch, bias):
+    """``engine: auto`` on a stem (3 channels, 7x7 stride 2, 112x112 to 56x56) runs the bands
+    (im2col + GEMM broken here), in a far smaller workspace, and agrees with ``engine:
+    reference`` to float32 rounding."""
+    rng = np.random.default_rng(5)
+    shape, out = (3, 3, 112, 112), 32
+    x = rng.standard_normal(shape).astype(np.float32)
+    params = {"weight": rng.standard_normal((out, 3, 7, 7)).astype(np.float32)}
+    if bias:
+        params["bias"] = rng.standard_normal(out).astype(np.float32)
+    dy = rng.standard_normal((3, out, 56, 56)).astype(np.float32)
+    results, sizes = {}, {}
+    for engine in ("reference", "auto"):
+        conv = Convolution("conv", ["x"], ["y"], num_output=out, kernel_size=7, pad=3,
+                           stride=2, bias=bias, engine=engine)
+        conv.setup([shape], device_kind="cpu")
+        sizes[engine] = conv.elements
+        with monkeypatch.context() as patch:
+            if engine == "auto":
+                assert conv.fast.band_slots and conv.engine_only
+                patch.setattr(conv_cpu, "conv_forward", None)
+                patch.setattr(conv_cpu, "conv_backward", None)
+            results[engine] = run_layer(conv, x, dy, params)
+    assert sizes["auto"] < sizes["reference"] / 2
+    got, want = results["auto"], results["reference"]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-4, atol=1e-4)
+    for key in params:
+        np.testing.assert_allclose(got[2][key], want[2][key], rtol=1e-4, atol=1e-3)
