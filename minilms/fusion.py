@@ -15,7 +15,9 @@ than before; ``"all"`` folds it into a residual add too, whose backward then hol
 the mask beside its gradient and both input gradients, four blobs where the add and the ReLU held
 three and two: faster, and the least pool of a net whose largest step is such an add grows.
 ``Net(..., fuse=...)`` applies it after checking the listed layers as written; a config's
-``model.fuse`` (default ``auto``) sets it.
+``model.fuse`` (default ``auto``) sets it, through ``fusion_for``: with LMS off every blob stays
+resident for the whole iteration, so a step that holds one blob more costs no memory, and
+``auto`` there folds the adds' ReLUs too (``all``).
 """
 from .layers.base import Layer
 
@@ -31,6 +33,15 @@ def fusion_choice(fuse) -> str:
     if fuse not in CHOICES:
         raise ValueError(f"fuse: expected one of {', '.join(CHOICES)} (or a bool), found {fuse!r}")
     return fuse
+
+
+def fusion_for(fuse, lms: bool) -> str:
+    """The fusion a net gets from a config's ``model.fuse`` (``fusion_choice``'s forms) and
+    whether LMS plans its steps (``lms.enabled``): ``auto`` is ``all`` with LMS off, where no
+    pool is to be fitted (ResNet-50 batch 8: 1.02x an iteration, docs/benchmarks.md, session 41),
+    and itself with LMS on."""
+    fuse = fusion_choice(fuse)
+    return "all" if fuse == "auto" and not lms else fuse
 
 
 def fusible_relu(layer: Layer) -> bool:

@@ -71,13 +71,15 @@ def time_runs(step, iters, runs, warmup) -> float:
 
 def build(case, np):
     from minilms import zoo
+    from minilms.fusion import fusion_for
     from minilms.net import Net
     model, size, batch = case["model"], case["size"], case["batch"]
     classes = case.get("classes", 1000)
     layers = zoo.MODELS[model](num_classes=classes, width=case.get("width", 1))
+    # as a config's net: for the cpu device, model.fuse as LMS on or off takes it
     net = Net(layers, {"data": ((batch, 3, size, size), np.float32),
-                       "label": ((batch,), np.int32)}, device_kind="cpu",   # as a config's:
-              fuse=case.get("fuse", "auto"))                                # model.fuse
+                       "label": ((batch,), np.int32)}, device_kind="cpu",
+              fuse=fusion_for(case.get("fuse", "auto"), case.get("lms", True)))
     rng = np.random.default_rng(0)
     inputs = {"data": rng.random((batch, 3, size, size), dtype=np.float32),
               "label": rng.integers(0, classes, batch).astype(np.int32)}

@@ -11,6 +11,7 @@ from minilms.config import load_config
 from minilms.config.build import build_net
 from minilms.device import make_device
 from minilms.errors import ConfigError
+from minilms.fusion import fusion_choice, fusion_for
 from minilms.lms import LmsExecutor, Policy, ResidentExecutor, cost, least_pool
 from minilms.lms.substeps import split_schedule
 from minilms.net import Net
@@ -76,6 +77,14 @@ def test_auto_folds_only_where_no_step_then_holds_more():
         Net(layers, inputs, fuse="some")
 
 
+def test_fusion_for_a_config_makes_auto_all_with_lms_off_only():
+    assert [fusion_for("auto", lms) for lms in (True, False)] == ["auto", "all"]
+    for fuse in ("all", "none", True, False, None):
+        assert fusion_for(fuse, False) == fusion_for(fuse, True) == fusion_choice(fuse)
+    with pytest.raises(ValueError, match="fuse: expected one of"):
+        fusion_for("some", False)
+
+
 def test_a_relu_folds_only_in_place_and_right_after_the_layer_that_made_its_blob():
     base = [{"name": "c1", "type": "Convolution", "bottom": "data", "top": "a", "num_output": 2,
              "kernel_size": 1},
@@ -112,6 +121,9 @@ def test_model_fuse_in_a_config_and_errors_name_the_listed_layer(tmp_path):
     assert len(fused) == 9 and all(name.endswith("_bn") for name in fused.values())
     assert len(build_net(load_config(config, ["model.fuse=all"])).fused) == 17   # and 8 adds'
     assert build_net(load_config(config, ["model.fuse=none"])).fused == {}
+    # with LMS off every blob stays resident: auto folds the adds' ReLUs too
+    assert len(build_net(load_config(config, ["lms.enabled=false"])).fused) == 17
+    assert build_net(load_config(config, ["lms.enabled=false", "model.fuse=none"])).fused == {}
     listed = tmp_path / "listed.yaml"
     listed.write_text(
         "model:\n  layers:\n"

@@ -7,6 +7,7 @@ from .. import zoo
 from ..datasets.registry import DATASETS, OPTIONS, make_dataset
 from ..device import parse_link, resolve_kind, resolve_memory
 from ..device.cpu import host_memory_info
+from ..fusion import fusion_for
 from ..lms.cost import CostModel
 from ..lms.plan import Policy
 from ..net import Net
@@ -47,7 +48,7 @@ def build_net(config, batch: int | None = None) -> Net:
     ``model.zoo`` (``model.zoo (lenet): layer conv2: ...``), which ``config_error_line`` locates."""
     layers, shapes = model_layers(config, num_classes(config)), input_shapes(config, batch)
     kind = device_kind(config)
-    fuse = config.model.fuse
+    fuse = fusion_for(config.model.fuse, config.lms.enabled)
     if config.model.layers is not None:
         return Net(layers, shapes, where="model.layers", device_kind=kind, fuse=fuse)
     return Net(layers, shapes, where=f"model.zoo ({config.model.zoo})", listed=False,

@@ -211,7 +211,8 @@ SCHEMA = Section(
         ``options.num_classes`` null means the dataset's; ``width`` divides every channel count.
         ``fuse``: each in-place ReLU runs in the pass of the layer before it where that layer can
         take it, the same numbers in fewer passes (``minilms.fusion``): ``auto`` where no step
-        then holds more (batch norms), ``all`` residual adds too (faster; a fused add's backward
+        then holds more (batch norms; with ``lms.enabled: false``, where every blob stays
+        resident, residual adds too), ``all`` residual adds too (faster; a fused add's backward
         holds one blob more), ``none`` the layers as written.""",
         zoo=Field(nullable(choice(*ZOO_MODELS)), None),
         options=Section(
