@@ -17,7 +17,6 @@ Two parts, each alternating its contenders in one process (a VM's speed drifts):
 
 ``--smoke``: tiny, for the test suite.
 """
-import argparse
 import sys
 from pathlib import Path
 
@@ -70,20 +69,16 @@ def paths(x, weight, dy, geometry):
 
 def time_layers(shapes, rounds):
     import numpy as np
-    from bench_windows import alternate
+    from bench_windows import alternate, operands
 
     from minilms.kernels.direct import bands
-    from minilms.kernels.im2col import conv_out_size
     rng = np.random.default_rng(0)
     print(f"{'layer':12} {'input':>18} {'kernel':>7} {'pass':8} {'im2col':>8} {'direct':>8} "
           f"{'bands':>8} {'vs best':>7}  pays  (ms, median of alternating calls)")
     for name, x_shape, w_shape, geometry in shapes:
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
-        out_h = conv_out_size(x_shape[2], kh, sh, ph, dh)
-        out_w = conv_out_size(x_shape[3], kw, sw, pw, dw)
-        x = rng.standard_normal(x_shape, dtype=np.float32)
-        weight = rng.standard_normal(w_shape, dtype=np.float32)
-        dy = rng.standard_normal((x_shape[0], w_shape[0], out_h, out_w), dtype=np.float32)
+        (kh, kw), (sh, sw), _, _ = geometry
+        x, weight, dy = operands(rng, x_shape, w_shape, geometry)
+        out_h, out_w = dy.shape[2:]
         ways = paths(x, weight, dy, geometry)
         pays = bands.pays(w_shape, geometry, out_h * out_w)
         for index, label in ((0, "forward"), (1, "dW")):
@@ -93,32 +88,16 @@ def time_layers(shapes, rounds):
                   f"{min(gemm, direct) / banded:6.2f}x  {'yes' if pays else 'no'}")
 
 
-def bands_nowhere():
-    """Nets built inside take no bands (the engine asks ``bands.pays``)."""
-    from bench_windows import patched
-
-    from minilms.kernels.direct import bands
-    return patched(bands, "pays", lambda *args: False)
-
-
-def takes_bands(layer) -> bool:
-    return bool(getattr(getattr(layer, "fast", None), "band_slots", 0))
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", nargs="+", default=["resnet50:224:8", "googlenet:224:8"],
-                   metavar="MODEL:SIZE:BATCH")
-    p.add_argument("--pairs", type=int, default=12, help="training iterations of each net")
-    p.add_argument("--rounds", type=int, default=9, help="calls of each path per layer shape")
+    from bench_windows import arguments
+    p = arguments(__doc__)
     p.add_argument("--big", action="store_true", help="GoogLeNet's stem at 2240x2240 too")
-    p.add_argument("--smoke", action="store_true", help="tiny and quick: for the test suite")
     args = p.parse_args(argv)
     import minilms  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
     import numpy as np
 
     from bench_fullsize import build, parse_case
-    from bench_windows import time_training
+    from bench_windows import path_switch, print_training
     cases = [parse_case(text) for text in args.models]
     if args.smoke:
         cases = [{"model": "resnet50", "size": 112, "batch": 2, "width": 2, "classes": 10}]
@@ -128,12 +107,7 @@ def main(argv=None) -> int:
     if args.big:
         shapes += layer_shapes([build({"model": "googlenet", "size": 2240, "batch": 2}, np)[0]])
     time_layers(shapes, args.rounds)
-    print(f"\n{'net (LMS off)':24} {'layers':>6} {'nowhere s':>9} {'bands s':>8} "
-          f"{'paired nowhere/bands':>21}")
-    for case in cases:
-        taken, off, on, paired = time_training(case, args.pairs, bands_nowhere, takes_bands)
-        name = f"{case['model']} {case['size']} b{case['batch']}"
-        print(f"{name:24} {taken:6d} {off:9.3f} {on:8.3f} {paired:20.3f}x")
+    print_training(cases, args.pairs, "bands", *path_switch("bands"))
     return 0
 
 

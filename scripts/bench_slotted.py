@@ -16,7 +16,6 @@ Two parts, each alternating its contenders in one process (a VM's speed drifts):
 
 ``--smoke``: tiny, for the test suite.
 """
-import argparse
 import contextlib
 import sys
 import time
@@ -135,31 +134,22 @@ def takes_slots(layer) -> bool:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", nargs="+", default=["resnet50:224:8", "googlenet:224:8"],
-                   metavar="MODEL:SIZE:BATCH")
-    p.add_argument("--pairs", type=int, default=12, help="training iterations of each net")
-    p.add_argument("--rounds", type=int, default=15, help="calls of each way per layer shape")
+    from bench_windows import arguments
+    p = arguments(__doc__, rounds=15)
     p.add_argument("--hot", action="store_true", help="no cache flush between layer calls")
-    p.add_argument("--smoke", action="store_true", help="tiny and quick: for the test suite")
     args = p.parse_args(argv)
     import minilms  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
     import numpy as np
 
     from bench_fullsize import build, parse_case
-    from bench_windows import time_training
+    from bench_windows import print_training
     cases = [parse_case(text) for text in args.models]
     if args.smoke:
         cases = [{"model": "resnet50", "size": 64, "batch": 2, "width": 16, "classes": 10}]
         args.pairs, args.rounds, args.hot = 1, 1, True
     nets = [build(case, np)[0] for case in cases]
     time_layers(layer_shapes(nets), args.rounds, cold=not args.hot)
-    print(f"\n{'net (LMS off)':24} {'layers':>6} {'nowhere s':>9} {'slots s':>9} "
-          f"{'paired nowhere/slots':>22}")
-    for case in cases:
-        taken, off, on, paired = time_training(case, args.pairs, slots_nowhere, takes_slots)
-        name = f"{case['model']} {case['size']} b{case['batch']}"
-        print(f"{name:24} {taken:6d} {off:9.3f} {on:9.3f} {paired:21.3f}x")
+    print_training(cases, args.pairs, "slots", slots_nowhere, takes_slots)
     return 0
 
 

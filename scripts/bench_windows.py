@@ -91,22 +91,31 @@ def alternate(calls, rounds):
     return [float(np.median(t)) for t in times]
 
 
+def operands(rng, x_shape, w_shape, geometry):
+    """Random ``(x, weight, dy)`` for one convolution shape, float32."""
+    import numpy as np
+
+    from minilms.kernels.im2col import conv_out_size
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
+    out_h = conv_out_size(x_shape[2], kh, sh, ph, dh)
+    out_w = conv_out_size(x_shape[3], kw, sw, pw, dw)
+    return (rng.standard_normal(x_shape, dtype=np.float32),
+            rng.standard_normal(w_shape, dtype=np.float32),
+            rng.standard_normal((x_shape[0], w_shape[0], out_h, out_w), dtype=np.float32))
+
+
 def time_layers(shapes, rounds):
     import numpy as np
 
     from minilms.kernels.direct import windows
-    from minilms.kernels.im2col import conv_out_size
     rng = np.random.default_rng(0)
     print(f"{'layer':14} {'input':>18} {'kernel':>7} {'pass':8} {'im2col':>7} {'direct':>7} "
           f"{'windows':>7} {'vs im2col':>9} {'vs best':>7}  pays  (ms, median of alternating "
           "calls)")
     for name, x_shape, w_shape, geometry in shapes:
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
-        out_h = conv_out_size(x_shape[2], kh, sh, ph, dh)
-        out_w = conv_out_size(x_shape[3], kw, sw, pw, dw)
-        x = rng.standard_normal(x_shape, dtype=np.float32)
-        weight = rng.standard_normal(w_shape, dtype=np.float32)
-        dy = rng.standard_normal((x_shape[0], w_shape[0], out_h, out_w), dtype=np.float32)
+        (kh, kw), (sh, sw), _, _ = geometry
+        x, weight, dy = operands(rng, x_shape, w_shape, geometry)
+        out_h, out_w = dy.shape[2:]
         ways = paths(x, weight, dy, geometry)
         pays = windows.pays(w_shape, geometry, out_h * out_w)
         for index, label in ((0, "forward"), (1, "backward")):
@@ -128,17 +137,23 @@ def patched(module, name, value):
         setattr(module, name, before)
 
 
-def windows_nowhere():
-    """Nets built inside take no windows (the engine asks ``windows.pays``)."""
-    from minilms.kernels.direct import windows
-    return patched(windows, "pays", lambda *args: False)
+# The direct engine's paths that take a layer whole: the module, and the engine's attribute that
+# counts its slots (nonzero where it took the layer).
+WHOLE_LAYER_PATHS = {"windows": "window_slots", "winograd": "winograd_slots",
+                     "bands": "band_slots"}
 
 
-def takes_windows(layer) -> bool:
-    return bool(getattr(getattr(layer, "fast", None), "window_slots", 0))
+def path_switch(name: str):
+    """``(nowhere, takes)`` for one of ``WHOLE_LAYER_PATHS``: a context inside which nets are
+    built without it (the engine asks its ``pays``), and whether a layer took it."""
+    import importlib
+    module = importlib.import_module(f"minilms.kernels.direct.{name}")
+    attribute = WHOLE_LAYER_PATHS[name]
+    return (lambda: patched(module, "pays", lambda *args: False),
+            lambda layer: bool(getattr(getattr(layer, "fast", None), attribute, 0)))
 
 
-def time_training(case, pairs, nowhere=windows_nowhere, takes=takes_windows):
+def time_training(case, pairs, nowhere, takes):
     """A net built twice, under ``nowhere()`` and as it is, iterations alternating in pairs:
     ``(layers that ``takes`` counts, median s nowhere, median s as built, median pair ratio)``."""
     import numpy as np
@@ -173,14 +188,33 @@ def time_training(case, pairs, nowhere=windows_nowhere, takes=takes_windows):
         float(np.median(off / on))
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arguments(doc: str, rounds: int = 9) -> argparse.ArgumentParser:
+    """The options every engine path's benchmark takes (this one's, ``bench_winograd``'s,
+    ``bench_slotted``'s, ``bench_bands``'): the nets, the training pairs, the calls per layer
+    shape, ``--smoke``."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("--models", nargs="+", default=["resnet50:224:8", "googlenet:224:8"],
                    metavar="MODEL:SIZE:BATCH")
     p.add_argument("--pairs", type=int, default=12, help="training iterations of each net")
-    p.add_argument("--rounds", type=int, default=9, help="calls of each path per layer shape")
+    p.add_argument("--rounds", type=int, default=rounds,
+                   help="calls of each path per layer shape")
     p.add_argument("--smoke", action="store_true", help="tiny and quick: for the test suite")
-    args = p.parse_args(argv)
+    return p
+
+
+def print_training(cases, pairs, what, nowhere, takes) -> None:
+    """The training part: a row per net, LMS off, built with ``what`` where it pays and with it
+    ``nowhere``, alternating (``time_training``)."""
+    print(f"\n{'net (LMS off)':24} {'layers':>6} {'nowhere s':>9} {what + ' s':>10} "
+          f"{'paired nowhere/' + what:>24}")
+    for case in cases:
+        taken, off, on, paired = time_training(case, pairs, nowhere, takes)
+        name = f"{case['model']} {case['size']} b{case['batch']}"
+        print(f"{name:24} {taken:6d} {off:9.3f} {on:10.3f} {paired:23.3f}x")
+
+
+def main(argv=None) -> int:
+    args = arguments(__doc__).parse_args(argv)
     import minilms  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
     import numpy as np
 
@@ -191,12 +225,7 @@ def main(argv=None) -> int:
         args.pairs, args.rounds = 1, 1
     net, _ = build(cases[0], np)
     time_layers(layer_shapes(net), args.rounds)
-    print(f"\n{'net (LMS off)':24} {'layers':>6} {'nowhere s':>9} {'windows s':>9} "
-          f"{'paired nowhere/windows':>22}")
-    for case in cases:
-        taken, off, on, paired = time_training(case, args.pairs)
-        name = f"{case['model']} {case['size']} b{case['batch']}"
-        print(f"{name:24} {taken:6d} {off:9.3f} {on:9.3f} {paired:21.3f}x")
+    print_training(cases, args.pairs, "windows", *path_switch("windows"))
     return 0
 
 

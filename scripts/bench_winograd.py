@@ -16,7 +16,6 @@ Two parts, each alternating its contenders in one process (a VM's speed drifts):
 
 ``--smoke``: tiny, for the test suite.
 """
-import argparse
 import sys
 from pathlib import Path
 
@@ -127,44 +126,21 @@ def time_layers(shapes, rounds):
                   f"{error:8.1e}")
 
 
-def winograd_nowhere():
-    """Nets built inside take no Winograd (the engine asks ``winograd.pays``)."""
-    from bench_windows import patched
-
-    from minilms.kernels.direct import winograd
-    return patched(winograd, "pays", lambda *args: False)
-
-
-def takes_winograd(layer) -> bool:
-    return bool(getattr(getattr(layer, "fast", None), "winograd_slots", 0))
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", nargs="+", default=["resnet50:224:8", "googlenet:224:8"],
-                   metavar="MODEL:SIZE:BATCH")
-    p.add_argument("--pairs", type=int, default=12, help="training iterations of each net")
-    p.add_argument("--rounds", type=int, default=9, help="calls of each path per layer shape")
-    p.add_argument("--smoke", action="store_true", help="tiny and quick: for the test suite")
-    args = p.parse_args(argv)
+    from bench_windows import arguments
+    args = arguments(__doc__).parse_args(argv)
     import minilms  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
     import numpy as np
 
     from bench_fullsize import build, parse_case
-    from bench_windows import time_training
+    from bench_windows import path_switch, print_training
     cases = [parse_case(text) for text in args.models]
     if args.smoke:
         cases = [{"model": "resnet50", "size": 64, "batch": 2, "width": 16, "classes": 10}]
         args.pairs, args.rounds = 1, 1
     nets = [build(case, np)[0] for case in cases]
     time_layers(layer_shapes(nets), args.rounds)
-    print(f"\n{'net (LMS off)':24} {'layers':>6} {'nowhere s':>9} {'Winograd s':>10} "
-          f"{'paired nowhere/Winograd':>24}")
-    for case in cases:
-        taken, off, on, paired = time_training(case, args.pairs, winograd_nowhere,
-                                               takes_winograd)
-        name = f"{case['model']} {case['size']} b{case['batch']}"
-        print(f"{name:24} {taken:6d} {off:9.3f} {on:10.3f} {paired:23.3f}x")
+    print_training(cases, args.pairs, "Winograd", *path_switch("winograd"))
     return 0
 
 

@@ -16,25 +16,17 @@ from minilms.layers.convolution import Convolution
 
 from ..layers.test_convolution_engines import run as run_layer
 from .conv_geometry import geometries
-from .test_conv_direct import reference, reference_input_grad
+from .test_conv_direct import reference_input_grad
 from .test_conv_weight_grad import reference as reference_weight_grad
+from .test_conv_windows import assert_matches_the_definition, assert_slots_fixed
+from .test_conv_windows import run as run_path
 
 MiB = 2**20
 STEM = ((7, 7), (2, 2), (3, 3), (1, 1))
 
 
 def run(x, weight, bias, dy, geometry, slots):
-    """Forward and backward through a NaN-filled workspace; NaN-filled outputs, so anything
-    left unwritten shows."""
-    work = np.full(bands.workspace_elements(x.shape, weight.shape, geometry, slots), np.nan,
-                   np.float32)
-    y = np.full(dy.shape, np.nan, np.float32)
-    dx, dw = np.full_like(x, np.nan), np.full_like(weight, np.nan)
-    db = None if bias is None else np.full(weight.shape[0], np.nan, np.float32)
-    bands.forward(x, weight, bias, y, work, slots, geometry)
-    work[:] = np.nan
-    bands.backward(x, dy, weight, dx, dw, db, work, slots, geometry)
-    return y, dx, dw, db
+    return run_path(x, weight, bias, dy, geometry, slots, bands)
 
 
 @settings(max_examples=40, deadline=None)
@@ -44,24 +36,9 @@ def run(x, weight, bias, dy, geometry, slots):
 def test_matches_the_definition(g, slots, with_bias, columns, seed):
     if not g.has_output or not bands.applies((g.o, g.c) + g.kernel, g.args):
         return
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((g.n, g.c, g.height, g.width)).astype(np.float32)
-    weight = rng.standard_normal((g.o, g.c) + g.kernel).astype(np.float32)
-    bias = rng.standard_normal(g.o).astype(np.float32) if with_bias else None
-    dy = rng.standard_normal((g.n, g.o, g.out_h, g.out_w)).astype(np.float32)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(bands, "BAND_COLUMNS", columns)    # bands of a row up to the plane
-        y, dx, dw, db = run(x, weight, bias, dy, g.args, slots)
-    taps = g.c * g.kernel[0] * g.kernel[1]
-    want_y = reference(x, weight, np.zeros(g.o) if bias is None else bias, *g.args[1:])
-    np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5 * np.sqrt(taps))
-    want_dx = reference_input_grad(dy, weight, x.shape, *g.args[1:])
-    np.testing.assert_allclose(dx, want_dx, rtol=1e-5, atol=1e-5 * np.sqrt(g.o * taps))
-    want_dw, want_db = reference_weight_grad(x, dy, *g.args)
-    terms = np.sqrt(g.n * g.out_h * g.out_w)
-    np.testing.assert_allclose(dw, want_dw, rtol=1e-5, atol=1e-5 * terms)
-    if with_bias:
-        np.testing.assert_allclose(db, want_db, rtol=1e-5, atol=1e-5 * terms)
+        assert_matches_the_definition(bands, g, slots, with_bias, seed)
 
 
 def test_gradients_it_is_not_asked_for_stay_untouched():
@@ -110,20 +87,7 @@ def test_its_bits_do_not_depend_on_the_threads_or_the_batch(monkeypatch):
 
 def test_the_workspace_does_not_depend_on_the_threads():
     """The plan knows the workspace before the run: slots are fixed, not the thread count."""
-    shape, weight = (16, 3, 224, 224), (64, 3, 7, 7)
-    threads = numba.get_num_threads()
-    try:
-        counts = set()
-        for count in (1, threads):
-            numba.set_num_threads(count)
-            counts.add(bands.slot_count(shape, weight, STEM, 2**30))
-    finally:
-        numba.set_num_threads(threads)
-    assert counts == {bands.MAX_SLOTS}
-    assert bands.slot_count((3,) + shape[1:], weight, STEM, 2**30) == 3
-    one = bands.workspace_elements(shape, weight, STEM, 1)
-    assert bands.slot_count(shape, weight, STEM, one) == 1
-    assert bands.slot_count(shape, weight, STEM, one - 1) == 0
+    assert_slots_fixed(bands, (16, 3, 224, 224), (64, 3, 7, 7), STEM)
 
 
 def test_a_band_is_about_band_columns_wide():

@@ -22,17 +22,17 @@ from .test_conv_weight_grad import reference as reference_weight_grad
 MiB = 2**20
 
 
-def run(x, weight, bias, dy, geometry, slots):
+def run(x, weight, bias, dy, geometry, slots, path=windows):
     """Forward and backward through a NaN-filled workspace; NaN-filled outputs, so anything
-    left unwritten shows."""
-    work = np.full(windows.workspace_elements(x.shape, weight.shape, geometry, slots), np.nan,
+    left unwritten shows. ``path``: a module with the windows' interface (``bands`` too)."""
+    work = np.full(path.workspace_elements(x.shape, weight.shape, geometry, slots), np.nan,
                    np.float32)
     y = np.full(dy.shape, np.nan, np.float32)
     dx, dw = np.full_like(x, np.nan), np.full_like(weight, np.nan)
     db = None if bias is None else np.full(weight.shape[0], np.nan, np.float32)
-    windows.forward(x, weight, bias, y, work, slots, geometry)
+    path.forward(x, weight, bias, y, work, slots, geometry)
     work[:] = np.nan
-    windows.backward(x, dy, weight, dx, dw, db, work, slots, geometry)
+    path.backward(x, dy, weight, dx, dw, db, work, slots, geometry)
     return y, dx, dw, db
 
 
@@ -40,14 +40,19 @@ def run(x, weight, bias, dy, geometry, slots):
 @given(geometries((1, 6), (1, 8), (1, 9), (1, 5), (1, 5), (1, 3), (1, 12), (1, 14)),
        st.integers(1, 3), st.booleans(), st.integers(0, 2**31 - 1))
 def test_matches_the_definition(g, slots, with_bias, seed):
-    if not g.has_output or not windows.applies((g.o, g.c) + g.kernel, g.args):
-        return
+    if g.has_output and windows.applies((g.o, g.c) + g.kernel, g.args):
+        assert_matches_the_definition(windows, g, slots, with_bias, seed)
+
+
+def assert_matches_the_definition(path, g, slots, with_bias, seed):
+    """``path``'s (the windows', the bands') forward and gradients on geometry ``g`` against
+    the float64 references."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((g.n, g.c, g.height, g.width)).astype(np.float32)
     weight = rng.standard_normal((g.o, g.c) + g.kernel).astype(np.float32)
     bias = rng.standard_normal(g.o).astype(np.float32) if with_bias else None
     dy = rng.standard_normal((g.n, g.o, g.out_h, g.out_w)).astype(np.float32)
-    y, dx, dw, db = run(x, weight, bias, dy, g.args, slots)
+    y, dx, dw, db = run(x, weight, bias, dy, g.args, slots, path)
     taps = g.c * g.kernel[0] * g.kernel[1]
     want_y = reference(x, weight, np.zeros(g.o) if bias is None else bias, *g.args[1:])
     np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5 * np.sqrt(taps))
@@ -104,23 +109,28 @@ def test_a_samples_results_do_not_depend_on_the_batch_or_the_threads(c, o, h):
         numba.set_num_threads(threads)
 
 
-def test_the_workspace_does_not_depend_on_the_threads():
-    """The plan knows the workspace before the run: slots are fixed, not the thread count."""
-    geometry = ((3, 3), (1, 1), (1, 1), (1, 1))
-    shape, weight = (16, 64, 14, 14), (64, 64, 3, 3)
+def assert_slots_fixed(path, shape, weight, geometry):
+    """``path``'s slots (the windows', the bands'): ``MAX_SLOTS`` whatever the threads, at most
+    the batch, and as many as the workspace holds."""
     threads = numba.get_num_threads()
     try:
         counts = set()
         for count in (1, threads):
             numba.set_num_threads(count)
-            counts.add(windows.slot_count(shape, weight, geometry, 2**30))
+            counts.add(path.slot_count(shape, weight, geometry, 2**30))
     finally:
         numba.set_num_threads(threads)
-    assert counts == {windows.MAX_SLOTS}
-    assert windows.slot_count((3,) + shape[1:], weight, geometry, 2**30) == 3
-    one = windows.workspace_elements(shape, weight, geometry, 1)
-    assert windows.slot_count(shape, weight, geometry, one) == 1
-    assert windows.slot_count(shape, weight, geometry, one - 1) == 0
+    assert counts == {path.MAX_SLOTS}
+    assert path.slot_count((3,) + shape[1:], weight, geometry, 2**30) == 3
+    one = path.workspace_elements(shape, weight, geometry, 1)
+    assert path.slot_count(shape, weight, geometry, one) == 1
+    assert path.slot_count(shape, weight, geometry, one - 1) == 0
+
+
+def test_the_workspace_does_not_depend_on_the_threads():
+    """The plan knows the workspace before the run: slots are fixed, not the thread count."""
+    assert_slots_fixed(windows, (16, 64, 14, 14), (64, 64, 3, 3),
+                       ((3, 3), (1, 1), (1, 1), (1, 1)))
 
 
 def test_where_the_windows_pay():
