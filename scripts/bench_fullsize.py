@@ -5,7 +5,7 @@ PyTorch on the CPU, with the same threads, against the machine's SGEMM rate meas
                                      [--iters 3] [--runs 2] [--rounds 1] [--warmup 1]
                                      [--pool-fraction 8]
                                      [--torch-python PATH] [--no-torch] [--big]
-                                     [--fuse auto|all|none] [--smoke]
+                                     [--fuse auto|all|none] [--interleave] [--smoke]
 
 Each case is ``model:image size:batch``. Each contender runs in a process of its own, one after
 another (never side by side: two cores): the process builds the net, times ``--runs`` runs of
@@ -15,7 +15,12 @@ the contenders of a case in turn, and the fastest counts: on a machine whose spe
 beside busy neighbours) the contenders then meet the same slow spells. A process of its own gives
 each its own peak, and gives PyTorch its own defaults: minilms sets ``OMP_WAIT_POLICY=PASSIVE`` and
 ``OPENBLAS_THREAD_TIMEOUT`` for itself, and PyTorch's OpenMP runs slower with the former, so the
-PyTorch process imports torch before anything of minilms. PyTorch runs with ``--torch-python``
+PyTorch process imports torch before anything of minilms. With ``--interleave`` a case's
+contenders are alive at once (started one after another, each warmed up before the next starts)
+and take ``--rounds`` turns of ``--iters`` iterations each, in rotation, one running at a time;
+each row's median turn counts. On a VM whose speed drifts within minutes this is the arrangement
+whose ratios hold (a slow spell falls on every contender's turns alike); the case must fit in
+memory three times over. PyTorch runs with ``--torch-python``
 (default: this interpreter, if it has torch): the project's own environment stays free of torch.
 
 Rows: PyTorch (the baseline), minilms LMS off (a pool that holds the whole net), minilms LMS on
@@ -86,7 +91,9 @@ def build(case, np):
     return net, inputs
 
 
-def minilms_worker(case) -> dict:
+def minilms_setup(case):
+    """``(step, report)``: one training iteration of minilms on ``case``, and what the row
+    reports besides its time (``report()``, read when called: the peak so far)."""
     import minilms  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
     import numpy as np
 
@@ -106,19 +113,21 @@ def minilms_worker(case) -> dict:
     began = time.perf_counter()
     executor = LmsExecutor(net, device, SGD(0.01, momentum=0.9), policy)
     plan_s = time.perf_counter() - began
-    seconds = time_runs(lambda: executor.iterate(inputs), case["iters"], case["runs"],
-                        case["warmup"])
-    host = executor.host_memory(batches=1)      # the one batch this process holds
-    return {"seconds": seconds, "rss": status_bytes("VmHWM"), "baseline": baseline,
-            "host": host.total, "pool": pool, "resident": everything, "plan_s": plan_s,
-            "flops": 3 * net_flops(net), "blas_spin_fixed": minilms.BLAS_SPIN_FIXED}
+
+    def report():
+        host = executor.host_memory(batches=1)      # the one batch this process holds
+        return {"rss": status_bytes("VmHWM"), "baseline": baseline, "host": host.total,
+                "pool": pool, "resident": everything, "plan_s": plan_s,
+                "flops": 3 * net_flops(net), "blas_spin_fixed": minilms.BLAS_SPIN_FIXED}
+    return (lambda: executor.iterate(inputs)), report
 
 
 def net_flops(net) -> int:
     return sum(layer.flops() for layer in net.layers)
 
 
-def torch_worker(case) -> dict:
+def torch_setup(case):
+    """``(step, report)`` for PyTorch, as ``minilms_setup``."""
     import torch  # first: its OpenMP starts with its own defaults, before minilms sets any
 
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -139,9 +148,34 @@ def torch_worker(case) -> dict:
         loss.backward()
         optimizer.step()
 
+    return step, lambda: {"rss": status_bytes("VmHWM"), "flops": 3 * net_flops(net),
+                          "version": torch.__version__}
+
+
+def worker(kind, case) -> dict:
+    """One contender's process: its best run, and its report."""
+    step, report = (torch_setup if kind == "torch" else minilms_setup)(case)
     seconds = time_runs(step, case["iters"], case["runs"], case["warmup"])
-    return {"seconds": seconds, "rss": status_bytes("VmHWM"), "flops": 3 * net_flops(net),
-            "version": torch.__version__}
+    return dict(report(), seconds=seconds)
+
+
+def serve(kind, case) -> None:
+    """One contender's process in ``--interleave``: set up and warm up, say READY, then time
+    ``iters`` iterations for each ``run`` read from stdin (``TIME`` seconds an iteration), and
+    report at ``end``."""
+    step, report = (torch_setup if kind == "torch" else minilms_setup)(case)
+    for _ in range(case["warmup"]):
+        step()
+    print("READY", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "run":
+            began = time.perf_counter()
+            for _ in range(case["iters"]):
+                step()
+            print(f"TIME {(time.perf_counter() - began) / case['iters']!r}", flush=True)
+        elif line.strip() == "end":
+            print("RESULT " + json.dumps(report()), flush=True)
+            return
 
 
 # -- the parent: cases, processes, the table ------------------------------------------------------
@@ -161,18 +195,77 @@ def sgemm_rate(n=2048, repeats=5) -> float:
     return 2 * n**3 / best
 
 
-def run_worker(python, kind, case) -> dict:
+def worker_env(kind) -> dict:
     env = dict(os.environ)
     if kind == "torch":      # PyTorch's defaults, not minilms' thread settings
         env.pop("OMP_WAIT_POLICY", None)
         env.pop("OPENBLAS_THREAD_TIMEOUT", None)
-    done = subprocess.run([python, __file__, "--worker", kind, json.dumps(case)], env=env,
-                          capture_output=True, text=True)
+    return env
+
+
+def run_worker(python, kind, case) -> dict:
+    done = subprocess.run([python, __file__, "--worker", kind, json.dumps(case)],
+                          env=worker_env(kind), capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         return {"error": f"{kind} worker exit {done.returncode}: {tail[0]}"}
     return json.loads(lines[-1][len("RESULT "):])
+
+
+# In --interleave, before each turn: the others' threads have gone quiet (see bench_kernels)
+SETTLE_SECONDS = 0.3
+
+
+def _answer(process, word: str):
+    """The rest of the first line of ``process``'s stdout that starts with ``word`` (None where
+    it ended first)."""
+    for line in process.stdout:
+        if line.startswith(word):
+            return line[len(word):].strip()
+    return None
+
+
+def interleaved(contenders, turns: int) -> dict:
+    """``{label: result}`` for ``contenders`` (``(label, python, kind, case)``), each a process
+    alive for the whole case (started one after another, each warmed up before the next
+    starts), taking ``turns`` turns each in rotation: the median turn counts, and a machine whose
+    speed drifts moves every contender alike. All of a case's processes are in memory at once."""
+    processes, results = {}, {}
+    try:
+        for label, python, kind, case in contenders:
+            process = subprocess.Popen([python, __file__, "--serve", kind, json.dumps(case)],
+                                       env=worker_env(kind), stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True)
+            if _answer(process, "READY") is None:
+                results[label] = {"error": f"{kind} server exit {process.wait()}"}
+                continue
+            processes[label] = process
+        times = {label: [] for label in processes}
+        for turn in range(turns):
+            order = list(processes)
+            if not order:
+                break
+            for label in order[turn % len(order):] + order[:turn % len(order)]:
+                time.sleep(SETTLE_SECONDS)
+                processes[label].stdin.write("run\n")
+                processes[label].stdin.flush()
+                answer = _answer(processes[label], "TIME ")
+                if answer is None:
+                    process = processes.pop(label)
+                    results[label] = {"error": f"server exit {process.wait()} in turn {turn}"}
+                    continue
+                times[label].append(float(answer))
+        for label, process in processes.items():
+            process.stdin.write("end\n")
+            process.stdin.flush()
+            results[label] = dict(json.loads(_answer(process, "RESULT ")),
+                                  seconds=sorted(times[label])[len(times[label]) // 2])
+    finally:
+        for process in processes.values():
+            process.stdin.close()
+            process.wait()
+    return results
 
 
 def torch_python(args):
@@ -238,12 +331,17 @@ def main(argv=None) -> int:
     p.add_argument("--fuse", choices=("auto", "all", "none"), default="auto",
                    help="minilms' layer fusion, as a config's model.fuse (default auto)")
     p.add_argument("--smoke", action="store_true", help="tiny and quick: for the test suite")
+    p.add_argument("--interleave", action="store_true",
+                   help="a case's contenders alive at once, taking --rounds turns of --iters "
+                        "iterations each in rotation; the median turn counts")
     p.add_argument("--worker", nargs=2, metavar=("KIND", "CASE"), help=argparse.SUPPRESS)
+    p.add_argument("--serve", nargs=2, metavar=("KIND", "CASE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        kind, case = args.worker[0], json.loads(args.worker[1])
-        result = (torch_worker if kind == "torch" else minilms_worker)(case)
-        print("RESULT " + json.dumps(result))
+        print("RESULT " + json.dumps(worker(args.worker[0], json.loads(args.worker[1]))))
+        return 0
+    if args.serve:
+        serve(args.serve[0], json.loads(args.serve[1]))
         return 0
     import minilms  # noqa: F401, I001  (first, as above)
     import numba
@@ -263,9 +361,11 @@ def main(argv=None) -> int:
     python, why_not = torch_python(args)
     rate = sgemm_rate(256 if args.smoke else 2048)
     print(f"bench_fullsize: {threads} threads each; numpy SGEMM {rate / 1e9:.0f} GFLOP/s (this "
-          f"run); LMS on in 1/{args.pool_fraction} of LMS off's pool; best of {args.runs} runs "
-          f"of {args.iters} iterations"
-          + (f" in each of {args.rounds} rounds, taken in turn" if args.rounds > 1 else "")
+          f"run); LMS on in 1/{args.pool_fraction} of LMS off's pool; "
+          + (f"median of {args.rounds} turns of {args.iters} iterations, the contenders in "
+             "rotation, alive at once" if args.interleave else
+             f"best of {args.runs} runs of {args.iters} iterations"
+             + (f" in each of {args.rounds} rounds, taken in turn" if args.rounds > 1 else ""))
           + f"; minilms' BLAS: {blas_library()}; PyTorch: "
           + (python if python else f"not run ({why_not})"))
     header = (f"{'case':22} {'row':12} {'s/iter':>7} {'img/s':>7} {'vs torch':>8} {'GFLOP/s':>8} "
@@ -284,11 +384,15 @@ def main(argv=None) -> int:
         if not case.get("only_lms"):
             contenders.append(("LMS off", sys.executable, "minilms", dict(case, lms=False)))
         contenders.append(("LMS on", sys.executable, "minilms", dict(case, lms=True)))
-        results = {label: [] for label, *_ in contenders}
-        for _ in range(args.rounds):      # in turn: a machine whose speed drifts slows them alike
-            for label, *how in contenders:
-                results[label].append(run_worker(*how))
-        rows = [(label, fastest(results[label])) for label in results]
+        if args.interleave:
+            done = interleaved(contenders, args.rounds)
+            rows = [(label, done[label]) for label, *_ in contenders]
+        else:
+            results = {label: [] for label, *_ in contenders}
+            for _ in range(args.rounds):  # in turn: a machine whose speed drifts slows them alike
+                for label, *how in contenders:
+                    results[label].append(run_worker(*how))
+            rows = [(label, fastest(results[label])) for label in results]
         base = next((r for label, r in rows if label == "PyTorch" and "seconds" in r), None)
         for label, r in rows:
             if "error" in r:

@@ -106,6 +106,18 @@ def test_bench_fullsize_smoke(capsys):
                          r"peak RSS over", out, re.M), out
 
 
+def test_bench_fullsize_interleaved_smoke(capsys):
+    """``--interleave``: the contenders' processes alive at once, taking turns; the same rows
+    (numbers never asserted)."""
+    assert run_script("bench_fullsize.py", "--smoke", "--no-torch", "--interleave",
+                      "--rounds", "3") == 0
+    out = capsys.readouterr().out
+    assert re.search(r"median of 3 turns of 1 iterations, the contenders in rotation", out), out
+    for row in ("LMS off", "LMS on"):
+        assert re.search(rf"^resnet50 32 b2 +{row} +[\d.]+ +[\d.]+ +- +\d+ +\d+% +[\d.]+ \w?i?B "
+                         rf"+[\d.]+ \w?i?B +[\d.]+$", out, re.M), out
+
+
 def test_bench_blas_smoke(capsys):
     """MKL against OpenBLAS: a row per product shape and per net, ratios printed (never
     asserted), and the library chosen before the run chosen again after it."""
