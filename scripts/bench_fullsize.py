@@ -17,8 +17,9 @@ each its own peak, and gives PyTorch its own defaults: minilms sets ``OMP_WAIT_P
 ``OPENBLAS_THREAD_TIMEOUT`` for itself, and PyTorch's OpenMP runs slower with the former, so the
 PyTorch process imports torch before anything of minilms. With ``--interleave`` a case's
 contenders are alive at once (started one after another, each warmed up before the next starts)
-and take ``--rounds`` turns of ``--iters`` iterations each, in rotation, one running at a time;
-each row's median turn counts. On a VM whose speed drifts within minutes this is the arrangement
+and take ``--rounds`` turns of ``--iters`` iterations each, in rotation, one running at a time,
+numpy's SGEMM timed here before each rotation; each row's median turn counts, against the SGEMM's
+median. On a VM whose speed drifts within minutes this is the arrangement
 whose ratios hold (a slow spell falls on every contender's turns alike); the case must fit in
 memory three times over. PyTorch runs with ``--torch-python``
 (default: this interpreter, if it has torch): the project's own environment stays free of torch.
@@ -226,12 +227,13 @@ def _answer(process, word: str):
     return None
 
 
-def interleaved(contenders, turns: int) -> dict:
-    """``{label: result}`` for ``contenders`` (``(label, python, kind, case)``), each a process
-    alive for the whole case (started one after another, each warmed up before the next
-    starts), taking ``turns`` turns each in rotation: the median turn counts, and a machine whose
-    speed drifts moves every contender alike. All of a case's processes are in memory at once."""
-    processes, results = {}, {}
+def interleaved(contenders, turns: int, sgemm_n: int):
+    """``({label: result}, SGEMM rate)`` for ``contenders`` (``(label, python, kind, case)``),
+    each a process alive for the whole case (started one after another, each warmed up before
+    the next starts), taking ``turns`` turns each in rotation, and numpy's SGEMM rate measured
+    here before each rotation: the medians count, and a machine whose speed drifts moves every
+    contender, and the rate, alike. All of a case's processes are in memory at once."""
+    processes, results, rates = {}, {}, []
     try:
         for label, python, kind, case in contenders:
             process = subprocess.Popen([python, __file__, "--serve", kind, json.dumps(case)],
@@ -246,6 +248,8 @@ def interleaved(contenders, turns: int) -> dict:
             order = list(processes)
             if not order:
                 break
+            time.sleep(SETTLE_SECONDS)
+            rates.append(sgemm_rate(sgemm_n))
             for label in order[turn % len(order):] + order[:turn % len(order)]:
                 time.sleep(SETTLE_SECONDS)
                 processes[label].stdin.write("run\n")
@@ -265,7 +269,7 @@ def interleaved(contenders, turns: int) -> dict:
         for process in processes.values():
             process.stdin.close()
             process.wait()
-    return results
+    return results, (sorted(rates)[len(rates) // 2] if rates else None)
 
 
 def torch_python(args):
@@ -384,9 +388,12 @@ def main(argv=None) -> int:
         if not case.get("only_lms"):
             contenders.append(("LMS off", sys.executable, "minilms", dict(case, lms=False)))
         contenders.append(("LMS on", sys.executable, "minilms", dict(case, lms=True)))
-        if args.interleave:
-            done = interleaved(contenders, args.rounds)
+        case_rate = rate
+        if args.interleave:     # the SGEMM rate too in turns, beside the contenders'
+            done, measured = interleaved(contenders, args.rounds, 256 if args.smoke else 2048)
             rows = [(label, done[label]) for label, *_ in contenders]
+            case_rate = measured or rate
+            print(f"{name}: numpy SGEMM {case_rate / 1e9:.0f} GFLOP/s, the median of its turns")
         else:
             results = {label: [] for label, *_ in contenders}
             for _ in range(args.rounds):  # in turn: a machine whose speed drifts slows them alike
@@ -398,8 +405,8 @@ def main(argv=None) -> int:
             if "error" in r:
                 print(f"{name:22} {label:12} {r['error']}")
                 continue
-            summary.append((name, label, r, base, rate))
-            print(format_row(name, label, r, base, rate, case["batch"]))
+            summary.append((name, label, r, base, case_rate))
+            print(format_row(name, label, r, base, case_rate, case["batch"]))
     print()
     for name, label, r, base, rate_ in summary:
         if label == "PyTorch":

@@ -113,6 +113,8 @@ def test_bench_fullsize_interleaved_smoke(capsys):
                       "--rounds", "3") == 0
     out = capsys.readouterr().out
     assert re.search(r"median of 3 turns of 1 iterations, the contenders in rotation", out), out
+    assert re.search(r"^resnet50 32 b2: numpy SGEMM \d+ GFLOP/s, the median of its turns$", out,
+                     re.M), out
     for row in ("LMS off", "LMS on"):
         assert re.search(rf"^resnet50 32 b2 +{row} +[\d.]+ +[\d.]+ +- +\d+ +\d+% +[\d.]+ \w?i?B "
                          rf"+[\d.]+ \w?i?B +[\d.]+$", out, re.M), out
