@@ -35,7 +35,7 @@ import numpy as np
 
 from . import mkl
 
-__all__ = ["MIN_FLOPS", "libraries", "matmul", "parts", "run_workers"]
+__all__ = ["MIN_FLOPS", "libraries", "matmul", "parts", "run_workers", "sample_runs"]
 
 MIN_FLOPS = 2e7     # about 0.1 ms of BLAS work: smaller products stay in one call
 
@@ -133,6 +133,14 @@ def matmul(a, b, out=None, accumulate: bool = False, by_rows: bool = False):
     finally:
         _release_blas(controls)
     return out
+
+
+def sample_runs(samples: int, slots: int) -> list:
+    """For ``run_workers``: each worker's run of samples ``(first, stop)``, contiguous, a worker
+    per thread and at most one per slot (a worker uses its own slot of the workspace for every
+    sample it takes)."""
+    workers = max(1, min(numba.get_num_threads(), slots, samples))
+    return [(samples * t // workers, samples * (t + 1) // workers) for t in range(workers)]
 
 
 def run_workers(work, count: int) -> None:

@@ -26,12 +26,11 @@ its own (the same GEMMs in the same order), and the samples' weight gradients ar
 order; a step split along the batch sums its chunks' (regrouped, as every engine's dW is). Equal
 to im2col + GEMM up to float32 rounding (the tests compare them with float64 references).
 """
-import numba
 import numpy as np
 from numba import njit
 
 from .. import cblas
-from ..blas_threads import run_workers
+from ..blas_threads import run_workers, sample_runs
 from ..cblas import NO_TRANS, ROW_MAJOR, TRANS
 from ..im2col import conv_out_size
 from .weight_grad import bias_grad
@@ -223,29 +222,21 @@ class _Layout:
             at += sizes.columns
 
 
-def _deal(samples: int, slots: int):
-    """Each worker's run of samples ``(first, stop)``: a worker per thread, at most one per
-    slot."""
-    workers = max(1, min(numba.get_num_threads(), slots, samples))
-    return [(samples * t // workers, samples * (t + 1) // workers) for t in range(workers)]
-
-
 _NONE4 = np.empty((0, 1, 1, 1), np.float32)
 _NONE3 = np.empty((0, 1, 1), np.float32)
 _NONE1 = np.empty(0, np.float32)
 
 
-def _run(x, dy, weight, bias, y, dx, parts, work, slots, geometry):
-    """Deals the samples out to workers, each running ``_samples`` in its slot; returns the
-    workspace's ``parts``."""
+def _run(x, dy, weight, bias, y, dx, work, slots, geometry, weight_grad: bool = False):
+    """Deals the samples out to workers, each running ``_samples`` in its slot (the samples'
+    weight gradients into the workspace's ``parts`` where ``weight_grad``); returns ``parts``."""
     layout = _Layout(work, slots, x.shape, weight.shape, geometry)
     sizes = layout.sizes
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
     w = np.ascontiguousarray(weight).reshape(sizes.out, sizes.taps)
     gemm = cblas.chosen_sgemm()[0]
-    if parts is True:
-        parts = layout.parts[:x.shape[0]]
-    runs = _deal(x.shape[0], slots)
+    parts = layout.parts[:x.shape[0]] if weight_grad else _NONE3
+    runs = sample_runs(x.shape[0], slots)
 
     def worker(t):
         _samples(gemm, x, dy, w, bias, y, dx, parts, *runs[t], layout.copies[t],
@@ -262,7 +253,7 @@ def forward(x, weight, bias, y, work, slots, geometry) -> None:
     samples, out = y.shape[0], y.shape[1]
     _run(np.ascontiguousarray(x), _NONE3, weight,
          _NONE1 if bias is None else np.ascontiguousarray(bias), y.reshape(samples, out, -1),
-         _NONE4, _NONE3, work, slots, geometry)
+         _NONE4, work, slots, geometry)
 
 
 def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry) -> None:
@@ -276,8 +267,8 @@ def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry) -> None:
     if dweight is None and dx is None:
         return
     parts = _run(np.ascontiguousarray(x), dy3, weight, _NONE1, _NONE3,
-                 _NONE4 if dx is None else dx, _NONE3 if dweight is None else True, work,
-                 slots, geometry)
+                 _NONE4 if dx is None else dx, work, slots, geometry,
+                 weight_grad=dweight is not None)
     if dweight is not None:
         total = dweight.reshape(out, -1)
         total[...] = parts[0]

@@ -29,12 +29,11 @@ step's. ``dW`` is summed per worker, in sample order, then the workers' sums in 
 its bits depend on the thread count (and are regrouped when a step is split), as BLAS's own
 threads' would. Equal to im2col + GEMM up to float32 rounding (the tests compare them).
 """
-import numba
 import numpy as np
 from numba import njit, prange
 
 from .. import mkl
-from ..blas_threads import run_workers
+from ..blas_threads import run_workers, sample_runs
 from ..im2col import conv_out_size
 from ..registry import cpu_variant
 from .weight_grad import bias_grad
@@ -194,13 +193,6 @@ class _Shape:
         return xw, xw.reshape(-1, xw.shape[2] * xw.shape[3])
 
 
-def _deal(samples: int, slots: int):
-    """Each worker's samples, a contiguous run ``(first, stop)`` each: a worker per thread, at
-    most one per slot (a worker uses its own slot, ``t``, for every sample it takes)."""
-    workers = max(1, min(numba.get_num_threads(), slots, samples))
-    return [(samples * t // workers, samples * (t + 1) // workers) for t in range(workers)]
-
-
 def forward(x, weight, bias, y, work, slots, geometry) -> None:
     """``y = conv(x, weight) + bias`` (bias may be None) through ``work``
     (``workspace_elements`` for ``slots``)."""
@@ -208,7 +200,7 @@ def forward(x, weight, bias, y, work, slots, geometry) -> None:
     reorder_taps(weight, shape.reordered)
     out, plane = shape.out, shape.plane
     library = mkl.library_for(shape.reordered[0], y[0].reshape(out, plane))
-    runs = _deal(x.shape[0], slots)
+    runs = sample_runs(x.shape[0], slots)
 
     def worker(t):
         xw, flat = shape.windows(t)
@@ -236,7 +228,7 @@ def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry) -> None:
     if dx is not None:
         reorder_taps(weight, shape.reordered)
     library = mkl.library_for(shape.reordered[0], dy[0].reshape(out, plane))
-    runs = _deal(samples, slots)
+    runs = sample_runs(samples, slots)
     # a worker's dW sum: the first's in the workspace, the others' temporaries (their number is
     # the threads', which the plan does not know; each is the weight's size)
     sums = [shape.grouped] + [np.empty_like(shape.grouped) for _ in runs[1:]] \
