@@ -12,11 +12,11 @@ How the work is dealt out (``parts``): a batch of at least as many products as t
 (contiguous runs of them); anything else, by blocks of rows of ``out`` (of each product), or of
 columns where there are more of them. Either way every element of ``out`` is one BLAS dot product
 over the whole inner dimension, and the same shapes and thread count deal it out the same way every
-time: a run's bits do not change from call to call. On OpenBLAS a piece's bits were those of the
-whole product on one thread in every case tested (not those of OpenBLAS's own threads, which may
-cut the inner dimension); MKL may take another kernel for a piece's shape (half the columns of
-``[64, 3136] @ [3136, 256]`` came out with other bits), so there the bits may depend on the thread
-count.
+time: a run's bits do not change from call to call. They may depend on the thread count: a library
+may take another kernel for a piece's shape than for the whole's. MKL did (half the columns of
+``[64, 3136] @ [3136, 256]`` came out with other bits); OpenBLAS did on an AMD EPYC (Zen 3) and not
+on an AVX-512 Xeon, where a piece's bits were those of the whole product on one thread in every
+case tested (never those of OpenBLAS's own threads, which may cut the inner dimension).
 
 The threads are Numba's count (``numba.get_num_threads``: the cores the ``cpu`` device's kernels
 use). Below ``MIN_FLOPS`` (a thread's wake-up costs more than it saves), with one thread, or where
@@ -35,11 +35,13 @@ import numpy as np
 
 from . import mkl
 
-__all__ = ["MIN_FLOPS", "libraries", "matmul", "parts", "run_workers", "sample_runs"]
+__all__ = ["MIN_FLOPS", "bits_fixed", "libraries", "matmul", "parts", "run_workers",
+           "sample_runs"]
 
 MIN_FLOPS = 2e7     # about 0.1 ms of BLAS work: smaller products stay in one call
 
-_shared = {"pool": None, "workers": 0, "libraries": None, "active": 0, "before": []}
+_shared = {"pool": None, "workers": 0, "libraries": None, "active": 0, "before": [],
+           "bits_fixed": {}}
 _lock = threading.Lock()
 
 
@@ -185,3 +187,51 @@ def _release_blas(libraries) -> None:
 
 def _product(a, b, out, library, accumulate=False):
     mkl.product(a, b, out, library, accumulate)
+
+
+# ``bits_fixed``'s products, (rows, inner, columns): a convolution's (a 7x7 plane's 1x1, a 3x3's
+# columns), or, ``small``, a Winograd block's few channels (each four times as wide)
+_PROBES = {False: ((512, 2048, 49), (64, 576, 196)), True: ((96, 48, 8), (64, 8, 8))}
+
+
+def bits_fixed(library: str | None = None, small: bool = False) -> bool:
+    """Whether ``library`` (``mkl`` or ``openblas``; default the chosen one) gives each element of
+    a product the same bits whatever the product's shape and the element's place in it: blocks of
+    rows and of columns of a product computed alone, on one thread, against the same blocks of
+    the whole. Where it does, a product cut by ``parts`` or set beside others in slots gives each
+    column the bits of its own product, and a step split along the batch the unsplit step's
+    forward bit for bit (docs/lms.md). OpenBLAS did on an AVX-512 Xeon; OpenBLAS 0.3.31's Haswell
+    kernels on an AMD EPYC (Zen 3) did not (a split step's forward then equals the unsplit one's
+    to float32 rounding). ``small``: on products of a few channels (``direct.winograd``'s
+    blocks), where MKL kept the bits on the Xeon and not on the EPYC, and OpenBLAS on neither.
+    Checked once per library and kind, in milliseconds."""
+    library = library or mkl.chosen()
+    known = _shared["bits_fixed"]
+    if library == "mkl" and not mkl.available():     # loads it where it is there
+        raise ValueError("bits_fixed('mkl'): MKL is not installed here")
+    if (library, small) not in known:
+        rng = np.random.default_rng(0)
+        controls = libraries()
+        _hold_blas(controls)
+        try:
+            known[library, small] = all(_same_in_parts(rng, shape, library)
+                                        for shape in _PROBES[small])
+        finally:
+            _release_blas(controls)
+    return known[library, small]
+
+
+def _same_in_parts(rng, shape, library) -> bool:
+    m, k, n = shape
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, 4 * n), dtype=np.float32)
+    whole = np.empty((m, 4 * n), np.float32)
+    mkl.product(a, b, whole, library)
+    for rows, columns in ((slice(0, m), slice(0, n)), (slice(0, m), slice(n, 2 * n)),
+                          (slice(0, m // 2), slice(0, 4 * n)), (slice(5, 21), slice(0, 4 * n))):
+        part = np.empty(whole[rows, columns].shape, np.float32)
+        mkl.product(np.ascontiguousarray(a[rows]), np.ascontiguousarray(b[:, columns]), part,
+                    library)
+        if not np.array_equal(part, whole[rows, columns]):
+            return False
+    return True

@@ -14,8 +14,10 @@ nothing is copied. Anything MKL cannot take that way (no unit stride, a zero-siz
 another dtype) is numpy's ``matmul``; so is everything when MKL is not there or not chosen.
 
 Which library: ``MINILMS_BLAS`` in the environment, ``mkl`` or ``openblas`` (numpy's own), read
-when this module first loads; unset, MKL wherever it is found. ``use(name)`` switches in a running
-process (tests, benchmarks).
+when this module first loads; unset, MKL wherever it is found on an Intel CPU (or one whose vendor
+cannot be read), OpenBLAS on any other: on an AMD EPYC (Zen 3, AVX2) MKL ran the same products
+0.78-1.10x OpenBLAS's rate, median 0.93x, and ResNet-50's training 0.88x (docs/benchmarks.md, "Why
+the code chose"). ``use(name)`` switches in a running process (tests, benchmarks).
 
 Deterministic: sequential MKL gives the same bits for the same shapes from call to call and
 whatever the operands' alignment (tests/kernels/test_mkl.py checks both), so LMS on (blobs at
@@ -34,7 +36,8 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["CHOICES", "MIN_FLOPS", "available", "chosen", "use", "library_for", "product"]
+__all__ = ["CHOICES", "MIN_FLOPS", "available", "chosen", "cpu_vendor", "use", "library_for",
+           "product"]
 
 CHOICES = ("mkl", "openblas")
 # A product's FLOPs below which numpy's matmul runs it even where MKL is chosen: a call through
@@ -102,15 +105,37 @@ def use(name: str) -> None:
     _state["chosen"] = name
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor as Linux's ``/proc/cpuinfo`` names it (``GenuineIntel``,
+    ``AuthenticAMD``), "" where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _wanted() -> str:
+    """What ``MINILMS_BLAS`` asks for, or, where it is unset, the CPU's library: ``mkl`` on an
+    Intel CPU (or an unknown one: MKL is Intel's, and the wheel installs only on x86-64 Linux),
+    ``openblas`` on another vendor's, where MKL runs slower (the module docstring)."""
+    wanted = os.environ.get("MINILMS_BLAS", "").strip().lower()
+    if wanted:
+        return wanted
+    return "mkl" if cpu_vendor() in ("GenuineIntel", "") else "openblas"
+
+
 def chosen() -> str:
     """The library the products run on: ``mkl`` or ``openblas`` (``MINILMS_BLAS`` read on the
-    first call)."""
+    first call; unset, ``mkl`` where it is found on an Intel CPU)."""
     if _state["chosen"] is None:
-        wanted = os.environ.get("MINILMS_BLAS", "").strip().lower()
-        if wanted:
-            use(wanted)
+        if os.environ.get("MINILMS_BLAS", "").strip():
+            use(_wanted())
         else:
-            _state["chosen"] = "mkl" if available() else "openblas"
+            _state["chosen"] = "mkl" if _wanted() == "mkl" and available() else "openblas"
     return _state["chosen"]
 
 
@@ -192,9 +217,9 @@ def _prime() -> None:
     that ``libmkl_rt`` also opens the kernels of this CPU (``libmkl_avx512`` and the like, which
     it opens at its first call): loading the BLAS library is part of what importing costs, as
     numpy's OpenBLAS loads when numpy does, not part of a run's memory, which ``lms.host``
-    states (about 12 MiB and 7 ms here). Skipped where ``MINILMS_BLAS`` asks for OpenBLAS; a bad
-    value is left for ``chosen`` to report."""
-    if os.environ.get("MINILMS_BLAS", "").strip().lower() == "openblas" or not available():
+    states (about 12 MiB and 7 ms here). Skipped where OpenBLAS will be chosen (``MINILMS_BLAS``
+    asks for it, or the CPU is not Intel's); a bad value is left for ``chosen`` to report."""
+    if _wanted() == "openblas" or not available():
         return
     n = 64
     tiny, out = np.ones((n, n), np.float32), np.empty((n, n), np.float32)

@@ -109,9 +109,11 @@ def test_the_same_bits_at_every_alignment_and_every_call(on_mkl, m, k, n):
                                               ((40, 128), (128, 900)), ((64, 700), (700, 256))])
 def test_dealt_out_products_are_right_and_the_same_every_call(monkeypatch, library, threads,
                                                               shape_a, shape_b):
-    """By products, rows or columns: right, and the same bits on every call (what LMS on equals
-    LMS off rests on). On OpenBLAS also the whole call's bits; MKL may take another kernel for a
-    piece's shape, so its bits may depend on the dealing (blas_threads' docstring)."""
+    """By products, rows or columns: right, the same bits on every call (what LMS on equals LMS
+    off rests on), and each piece exactly its own one-thread product, as ``parts`` deals it. Not
+    necessarily the whole call's bits on one thread: either library may take another kernel for
+    a piece's shape (OpenBLAS's did on an AMD EPYC, not on an AVX-512 Xeon; blas_threads'
+    docstring)."""
     if library == "mkl" and not mkl.available():
         pytest.skip("no libmkl_rt here: pip install mkl (the test extra brings it)")
     monkeypatch.setitem(mkl._state, "chosen", library)
@@ -119,9 +121,13 @@ def test_dealt_out_products_are_right_and_the_same_every_call(monkeypatch, libra
     rng = np.random.default_rng(threads)
     a, b = _random(rng, shape_a), _random(rng, shape_b)
     shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
-    whole = np.empty(shape, np.float32)
+    pieces = np.empty(shape, np.float32)
     with threadpool_limits(1, user_api="blas"):       # as each piece runs
-        mkl.product(a, b, whole)
+        for part in blas_threads.parts(shape, threads):
+            a_part, b_part, out_part = blas_threads._piece(a, b, pieces, *part)
+            alone = np.empty(out_part.shape, np.float32)
+            mkl.product(a_part, b_part, alone)
+            out_part[...] = alone
     monkeypatch.setattr(blas_threads.numba, "get_num_threads", lambda: threads)
     monkeypatch.setattr(blas_threads, "MIN_FLOPS", 0)
     dealt, again = np.empty(shape, np.float32), np.empty(shape, np.float32)
@@ -129,8 +135,7 @@ def test_dealt_out_products_are_right_and_the_same_every_call(monkeypatch, libra
     blas_threads.matmul(a, b, out=again)
     np.testing.assert_array_equal(again, dealt)
     np.testing.assert_allclose(dealt, np.matmul(a.astype(np.float64), b), rtol=1e-4, atol=1e-4)
-    if library == "openblas":
-        np.testing.assert_array_equal(dealt, whole)
+    np.testing.assert_array_equal(dealt, pieces)
 
 
 @needs_mkl
@@ -194,7 +199,39 @@ def test_minilms_blas_chooses(monkeypatch, value, chosen):
         with pytest.raises(ConfigError, match="pip install mkl"):
             mkl.chosen()
         return
-    assert mkl.chosen() == (chosen or ("mkl" if mkl.available() else "openblas"))
+    default = "mkl" if mkl.available() and mkl.cpu_vendor() in ("GenuineIntel", "") else "openblas"
+    assert mkl.chosen() == (chosen or default)
+
+
+@pytest.mark.parametrize("vendor, default", [("GenuineIntel", "mkl"), ("", "mkl"),
+                                             ("AuthenticAMD", "openblas"),
+                                             ("HygonGenuine", "openblas")])
+def test_unset_the_cpus_vendor_chooses(monkeypatch, vendor, default):
+    """MKL on Intel's CPUs (and where the vendor cannot be read), OpenBLAS on others', where MKL
+    measured slower; MINILMS_BLAS still wins on any vendor."""
+    monkeypatch.setattr(mkl, "cpu_vendor", lambda: vendor)
+    monkeypatch.setitem(mkl._state, "searched", True)
+    monkeypatch.setitem(mkl._state, "library", object())    # as if MKL had loaded
+    monkeypatch.delenv("MINILMS_BLAS", raising=False)
+    monkeypatch.setitem(mkl._state, "chosen", None)
+    assert mkl.chosen() == default
+    monkeypatch.setenv("MINILMS_BLAS", "mkl")
+    monkeypatch.setitem(mkl._state, "chosen", None)
+    assert mkl.chosen() == "mkl"
+    monkeypatch.setitem(mkl._state, "library", None)         # without the wheel: OpenBLAS
+    monkeypatch.delenv("MINILMS_BLAS")
+    monkeypatch.setitem(mkl._state, "chosen", None)
+    assert mkl.chosen() == "openblas"
+
+
+def test_cpu_vendor_reads_proc_cpuinfo():
+    vendor = mkl.cpu_vendor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith("vendor_id")]
+    except OSError:
+        lines = []
+    assert vendor == (lines[0].split(":")[1].strip() if lines else "")
 
 
 def test_a_bad_or_missing_library_is_one_clear_error(monkeypatch):
@@ -275,11 +312,13 @@ def test_numba_keeps_openmp_where_the_wheel_brings_tbb():
 
 
 @needs_mkl
-@pytest.mark.parametrize("blas, loaded", [("", "True"), ("openblas", "False")])
+@pytest.mark.parametrize("blas, loaded", [("mkl", "True"), ("openblas", "False"),
+                                          ("", str(mkl.cpu_vendor() in ("GenuineIntel", "")))])
 def test_mkl_loads_with_the_import_unless_openblas_is_asked_for(blas, loaded):
     """Loaded (and its CPU kernels opened by a small product) while minilms is imported, so the
-    library's pages are part of the import, not of a run's memory; not at all where
-    MINILMS_BLAS=openblas. A process of its own: it happens once."""
+    library's pages are part of the import, not of a run's memory; not at all where OpenBLAS
+    will run the products (MINILMS_BLAS=openblas, or unset on a CPU not Intel's). A process of
+    its own: it happens once."""
     import os
     import subprocess
     import sys
