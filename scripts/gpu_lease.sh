@@ -36,7 +36,7 @@ part writeback && timeout 180 python3 scripts/bench_cuda.py --only train --model
 if ! part tier; then
     :
 elif [ "$(left)" -gt 30 ]; then
-    timeout "$(left)" python3 -m pytest -k cuda -q -n 8 -p no:cacheprovider --maxfail=40 \
+    timeout "$(left)" python3 -m pytest -k cuda -q -n 8 -p no:cacheprovider --maxfail=40 --runslow \
         -o addopts="" > "$OUT/tier.log" 2>&1
     echo "CUDA tier: exit $?"
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tier.log" | tail -40

@@ -203,6 +203,8 @@ def test_bench_fullsize_says_why_pytorch_does_not_run(tmp_path):
     assert pick(argparse.Namespace(no_torch=True, torch_python=None)) == (None, "--no-torch")
 
 
+@pytest.mark.slow       # about 2 minutes in the simulator
+@pytest.mark.cuda
 def test_bench_cuda_smoke():
     """Its kernel sections under the simulator (tiny GEMM tiles, a few launches), in a process of
     its own: the smoke run shrinks the GEMM's tile constants for the whole process. The training

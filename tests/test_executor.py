@@ -10,7 +10,7 @@ from minilms.lms.executor import ResidentExecutor
 from minilms.net import Net
 from minilms.solver import SGD, Adam
 
-from .devices import KINDS, new_device
+from .devices import new_device
 from .layers.conftest import small_gemm_tile  # noqa: F401  (a fixture: small tiles in the simulator)
 
 
@@ -128,8 +128,10 @@ RESIDUAL_INCEPTION = [  # a residual add and an inception-style concat, no Batch
 
 
 @pytest.mark.usefixtures("small_gemm_tile")
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda,
+                                                                     pytest.mark.slow])])
 def test_dag_gradients_match_numerical_ones(kind):
+    # on cuda slow: 100 s in the simulator (the layers' own gradient checks run there in CI)
     inputs = batch(2, 2, 6, classes=3)
     with new_device(kind, 2**20) as device:
         executor = ResidentExecutor(build(RESIDUAL_INCEPTION, inputs), device)
@@ -148,6 +150,7 @@ def test_zoo_models_learn_a_batch_on_cpu(model, size):
 
 
 @pytest.mark.cuda
+@pytest.mark.slow       # about 2 minutes in the simulator; the golden nets train on cuda in CI
 @pytest.mark.usefixtures("small_gemm_tile")
 def test_cuda_and_cpu_train_alike():
     """The residual + inception net with a BatchNorm, three SGD steps on each device. (A zoo
