@@ -194,7 +194,7 @@ def _product(a, b, out, library, accumulate=False):
 _PROBES = {False: ((512, 2048, 49), (64, 576, 196)), True: ((96, 48, 8), (64, 8, 8))}
 
 
-def bits_fixed(library: str | None = None, small: bool = False) -> bool:
+def bits_fixed(library: str | None = None, small: bool = False, dtype=np.float32) -> bool:
     """Whether ``library`` (``mkl`` or ``openblas``; default the chosen one) gives each element of
     a product the same bits whatever the product's shape and the element's place in it: blocks of
     rows and of columns of a product computed alone, on one thread, against the same blocks of
@@ -204,32 +204,35 @@ def bits_fixed(library: str | None = None, small: bool = False) -> bool:
     kernels on an AMD EPYC (Zen 3) did not (a split step's forward then equals the unsplit one's
     to float32 rounding). ``small``: on products of a few channels (``direct.winograd``'s
     blocks), where MKL kept the bits on the Xeon and not on the EPYC, and OpenBLAS on neither.
-    Checked once per library and kind, in milliseconds."""
+    ``dtype``: the products' (float64 runs numpy's DGEMM whatever ``library`` is: OpenBLAS's
+    SkylakeX kernels on an AMD EPYC (Zen 4) moved its bits with the shape too). Checked once per
+    library, kind and dtype, in milliseconds."""
     library = library or mkl.chosen()
     known = _shared["bits_fixed"]
     if library == "mkl" and not mkl.available():     # loads it where it is there
         raise ValueError("bits_fixed('mkl'): MKL is not installed here")
-    if (library, small) not in known:
+    key = (library, small, np.dtype(dtype).name)
+    if key not in known:
         rng = np.random.default_rng(0)
         controls = libraries()
         _hold_blas(controls)
         try:
-            known[library, small] = all(_same_in_parts(rng, shape, library)
-                                        for shape in _PROBES[small])
+            known[key] = all(_same_in_parts(rng, shape, library, np.dtype(dtype))
+                             for shape in _PROBES[small])
         finally:
             _release_blas(controls)
-    return known[library, small]
+    return known[key]
 
 
-def _same_in_parts(rng, shape, library) -> bool:
+def _same_in_parts(rng, shape, library, dtype) -> bool:
     m, k, n = shape
-    a = rng.standard_normal((m, k), dtype=np.float32)
-    b = rng.standard_normal((k, 4 * n), dtype=np.float32)
-    whole = np.empty((m, 4 * n), np.float32)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, 4 * n)).astype(dtype)
+    whole = np.empty((m, 4 * n), dtype)
     mkl.product(a, b, whole, library)
     for rows, columns in ((slice(0, m), slice(0, n)), (slice(0, m), slice(n, 2 * n)),
                           (slice(0, m // 2), slice(0, 4 * n)), (slice(5, 21), slice(0, 4 * n))):
-        part = np.empty(whole[rows, columns].shape, np.float32)
+        part = np.empty(whole[rows, columns].shape, dtype)
         mkl.product(np.ascontiguousarray(a[rows]), np.ascontiguousarray(b[:, columns]), part,
                     library)
         if not np.array_equal(part, whole[rows, columns]):

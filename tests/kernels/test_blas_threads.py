@@ -199,11 +199,14 @@ def test_run_workers_runs_each_worker_once_with_blas_on_one_thread(three_threads
 def test_bits_fixed_tells_a_library_whose_bits_move_with_the_shape(monkeypatch, small):
     """The probe says yes for a product whose elements never depend on the shape (exact sums of
     small integers), no for one whose last bits do (a term that grows with the columns), and is
-    asked once per library and kind."""
+    asked once per library, kind and dtype: a float64 probe is asked anew, in float64."""
     calls = []
+
+    dtypes = set()
 
     def exact(a, b, out, library=None, accumulate=False):
         calls.append(out.shape)
+        dtypes.update((a.dtype, b.dtype, out.dtype))
         out[...] = np.round(a) @ np.round(b)
 
     def moving(a, b, out, library=None, accumulate=False):
@@ -214,20 +217,24 @@ def test_bits_fixed_tells_a_library_whose_bits_move_with_the_shape(monkeypatch, 
     assert blas_threads.bits_fixed("openblas", small)
     asked = len(calls)
     assert asked > 1 and blas_threads.bits_fixed("openblas", small) and len(calls) == asked
+    dtypes.clear()
+    assert blas_threads.bits_fixed("openblas", small, np.float64) and len(calls) == 2 * asked
+    assert dtypes == {np.dtype(np.float64)}
     monkeypatch.setattr(blas_threads.mkl, "product", moving)
     monkeypatch.setitem(blas_threads._shared, "bits_fixed", {})
     assert not blas_threads.bits_fixed("openblas", small)
 
 
-def test_bits_fixed_of_the_real_libraries_is_what_their_products_show():
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_bits_fixed_of_the_real_libraries_is_what_their_products_show(dtype):
     """Against a direct look: the chosen library's product of a 7x7 plane's 1x1, its first
     plane's columns alone; where they differ the probe must say no."""
     rng = np.random.default_rng(1)
-    a = rng.standard_normal((512, 2048), dtype=np.float32)
-    b = rng.standard_normal((2048, 196), dtype=np.float32)
-    whole, part = np.empty((512, 196), np.float32), np.empty((512, 49), np.float32)
+    a = rng.standard_normal((512, 2048)).astype(dtype)
+    b = rng.standard_normal((2048, 196)).astype(dtype)
+    whole, part = np.empty((512, 196), dtype), np.empty((512, 49), dtype)
     with threadpool_limits(1, user_api="blas"):
         blas_threads.mkl.product(a, b, whole)
         blas_threads.mkl.product(a, np.ascontiguousarray(b[:, :49]), part)
-    assert blas_threads.bits_fixed() in ((False,) if not np.array_equal(part, whole[:, :49])
-                                         else (True, False))
+    assert blas_threads.bits_fixed(dtype=dtype) in (
+        (False,) if not np.array_equal(part, whole[:, :49]) else (True, False))

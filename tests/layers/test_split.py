@@ -186,7 +186,7 @@ def compare(split, whole, layer, k, dtype, train, where):
             tol = TOLERANCE[np.dtype(dtype)]
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max(),
                                        err_msg=f"{where}: {name} (regrouped)")
-        elif layer.type == "Convolution" and np.dtype(dtype) == np.float32:
+        elif layer.type == "Convolution":
             # its forward's BLAS products: bitwise where the library keeps a product's bits
             # whatever its shape (blas_threads.bits_fixed), else to rounding (docs/lms.md)
             assert_bits_or_rounding(got, want, f"{where}: {name}", small=None)
