@@ -3,6 +3,7 @@ bytes.
 
     python scripts/bench_copy.py [--sizes 1MiB 16MiB 64MiB 256MiB] [--repeat 7]
     python scripts/bench_copy.py --iteration resnet50:224:8 [--pairs 16] [--pool-fraction 8]
+                                 [--switch help|streaming]
 
 Each copy is timed as the best of ``--repeat`` runs, interleaved with the baseline: ``numpy.copyto``
 between exactly the same two buffers (the host copy and the arena view), in the same process.
@@ -15,9 +16,11 @@ compute stream waits for (``event.wait(compute_stream)``, as a step waits for it
 ``--iteration`` measures what the help gives a training iteration instead: one LMS-on executor
 (``policy: auto`` in 1/``--pool-fraction`` of LMS off's pool), iterations alternating help on
 and off, ``--pairs`` of each (in one process: this drift-prone VM's only fair comparison), with
-the stall each time. On a machine with a GPU,
-``--device cuda`` measures pinned transfers instead (no baseline ratio: the link is the limit
-there).
+the stall each time; ``--switch streaming`` alternates the copies' streaming stores
+(``device/streaming.py``) with ``memcpy`` instead. The device's copies stream at
+``streaming.STREAM_MIN`` bytes and more; the baseline's ``numpy.copyto`` does not. On a machine
+with a GPU, ``--device cuda`` measures pinned transfers instead (no baseline ratio: the link is the
+limit there).
 """
 import argparse
 import sys
@@ -27,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from minilms.device import cpu_streams, make_device
+from minilms.device import cpu_streams, make_device, streaming
 from minilms.errors import MinilmsError
 from minilms.sizes import format_bytes, parse_size
 
@@ -77,8 +80,15 @@ def measure(device, nbytes: int, repeat: int) -> dict:
     return best
 
 
-def iteration(case: str, pairs: int, fraction: int) -> int:
-    """LMS on, iterations alternating the waiting thread's help on and off (the docstring)."""
+SWITCHES = {  # --switch: (what is on, what is off, how to set it)
+    "help": ("a waiting thread helps", "a wait only waits",
+             lambda on: setattr(cpu_streams, "HELP_WHILE_WAITING", on)),
+    "streaming": ("streaming stores", "memcpy", lambda on: setattr(streaming, "ENABLED", on)),
+}
+
+
+def iteration(case: str, pairs: int, fraction: int, switch: str = "help") -> int:
+    """LMS on, iterations alternating ``switch`` on and off (the docstring)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_fullsize import build, parse_case
 
@@ -89,22 +99,24 @@ def iteration(case: str, pairs: int, fraction: int) -> int:
     policy = Policy(policy="auto")
     pool = max(resident_bytes(net, steps) // fraction, least_pool(net, steps, policy))
     executor = LmsExecutor(net, make_device("cpu", pool), SGD(0.01, momentum=0.9), policy)
+    named_on, named_off, turn_on = SWITCHES[switch]
     seconds, stalls = {True: [], False: []}, {True: [], False: []}
     for turn in tqdm(range(1 + pairs), desc="pairs", leave=False):   # the first warms up
-        for helping in ((True, False) if turn % 2 else (False, True)):
-            cpu_streams.HELP_WHILE_WAITING = helping
-            took = timed(lambda: executor.iterate(inputs))
+        for on in ((True, False) if turn % 2 else (False, True)):
+            executor.device.synchronize()
+            turn_on(on)
+            took = timed(lambda: (executor.iterate(inputs), executor.device.synchronize()))
             if turn:
-                seconds[helping].append(took)
-                stalls[helping].append(executor.stall_seconds)
-    cpu_streams.HELP_WHILE_WAITING = True
+                seconds[on].append(took)
+                stalls[on].append(executor.stall_seconds)
+    turn_on(True)
     executor.device.close()
     print(f"{case}, LMS on in {format_bytes(pool)}, {pairs} pairs alternating in one process:")
-    for helping, name in ((False, "a wait only waits"), (True, "a waiting thread helps")):
-        print(f"  {name:24} median {np.median(seconds[helping]):.4f} s/iter, "
-              f"stall {np.median(stalls[helping]) * 1e3:.1f} ms")
+    for on, name in ((False, named_off), (True, named_on)):
+        print(f"  {name:24} median {np.median(seconds[on]):.4f} s/iter, "
+              f"stall {np.median(stalls[on]) * 1e3:.1f} ms")
     ratio = np.median(np.array(seconds[False]) / np.array(seconds[True]))
-    print(f"  help: {ratio:.3f}x (median of the pairs' ratios)")
+    print(f"  {named_on}: {ratio:.3f}x (median of the pairs' ratios)")
     return 0
 
 
@@ -117,9 +129,11 @@ def main(argv=None) -> int:
                         help="A/B the waiting thread's help on a training iteration instead")
     parser.add_argument("--pairs", type=int, default=16)
     parser.add_argument("--pool-fraction", type=int, default=8)
+    parser.add_argument("--switch", choices=sorted(SWITCHES), default="help",
+                        help="what --iteration turns on and off")
     args = parser.parse_args(argv)
     if args.iteration:
-        return iteration(args.iteration, args.pairs, args.pool_fraction)
+        return iteration(args.iteration, args.pairs, args.pool_fraction, args.switch)
     try:
         sizes = [parse_size(s, "--sizes") for s in args.sizes]
         device = make_device(args.device, max(sizes) + 4096)

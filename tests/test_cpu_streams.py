@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from minilms.device import cpu_streams, make_device
+from minilms.device import cpu_streams, make_device, streaming
 from minilms.device.cpu_streams import CpuEvent, CpuStream, SplitCopy
 
 
@@ -85,20 +85,15 @@ def test_without_help_a_wait_only_waits(monkeypatch):
 
 def test_a_failed_piece_fails_its_copy_and_nothing_hangs(monkeypatch):
     monkeypatch.setattr(cpu_streams, "SPLIT", 1 << 10)
-    real_copyto = np.copyto
+    real_copy = streaming.copy
     calls = []
 
-    class Numpy:                       # the module's numpy, with its fifth piece failing
-        def __getattr__(self, name):
-            return getattr(np, name)
-
-        @staticmethod
-        def copyto(dst, src):
-            calls.append(1)
-            if len(calls) == 5:
-                raise MemoryError("a planted failure")
-            real_copyto(dst, src)
-    monkeypatch.setattr(cpu_streams, "np", Numpy())
+    def copy(dst, src):                # a piece's copy, the fifth failing
+        calls.append(1)
+        if len(calls) == 5:
+            raise MemoryError("a planted failure")
+        real_copy(dst, src)
+    monkeypatch.setattr(streaming, "copy", copy)
     nbytes = 1 << 14
     with make_device("cpu", nbytes) as device:
         view = device.view(device.pool.allocate(nbytes, "x"), (nbytes,), np.uint8)
@@ -112,14 +107,13 @@ def test_a_failed_piece_fails_its_copy_and_nothing_hangs(monkeypatch):
 
 
 def test_which_copies_go_in_pieces(monkeypatch):
-    """Above ``SPLIT`` and up to ``SPLIT_LARGEST`` (beyond it one memcpy is faster), contiguous,
-    and only while waits help."""
+    """Above ``SPLIT`` (however large: the pieces stream as a whole copy does), contiguous, and
+    only while waits help."""
     monkeypatch.setattr(cpu_streams, "SPLIT", 16)
-    monkeypatch.setattr(cpu_streams, "SPLIT_LARGEST", 64)
     a, b = np.zeros(32, np.uint8), np.ones(32, np.uint8)
     assert cpu_streams.splits(a, b)
     assert not cpu_streams.splits(a[:16], b[:16])                      # small: whole
-    assert not cpu_streams.splits(np.zeros(65, np.uint8), np.ones(65, np.uint8))   # large
+    assert cpu_streams.splits(np.zeros(1 << 27, np.uint8), np.ones(1 << 27, np.uint8))
     grid = np.zeros((8, 8), np.uint8)
     assert not cpu_streams.splits(grid[:, :5], np.ones((8, 5), np.uint8))   # not contiguous
     monkeypatch.setattr(cpu_streams, "HELP_WHILE_WAITING", False)

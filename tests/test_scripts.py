@@ -29,6 +29,17 @@ def test_bench_copy_prints_ratios_against_copyto(capsys):
     assert len([line for line in out.splitlines() if "KiB" in line or "MiB" in line]) >= 2
 
 
+@pytest.mark.parametrize("switch,named", [("help", "a waiting thread helps"),
+                                          ("streaming", "streaming stores")])
+def test_bench_copy_iteration_alternates_the_switch_and_sets_it_back(capsys, switch, named):
+    from minilms.device import cpu_streams, streaming
+    assert run_script("bench_copy.py", "--iteration", "resnet18:32:2", "--pairs", "1",
+                      "--switch", switch) == 0
+    out = capsys.readouterr().out
+    assert f"{named}: " in out and "median of the pairs' ratios" in out
+    assert streaming.ENABLED and cpu_streams.HELP_WHILE_WAITING
+
+
 def test_bench_copy_bad_size_exits_2(capsys):
     assert run_script("bench_copy.py", "--sizes", "-1") == 2
     assert "--sizes: expected a size like" in capsys.readouterr().err

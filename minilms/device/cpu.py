@@ -1,7 +1,8 @@
 """The ``cpu`` device: a simulated GPU whose memory is a fixed arena in host RAM.
 
 Kernels only ever touch views of the arena, and copies between host copies and the arena are real
-memory copies, so LMS behaves here as it does on a GPU and can be tested and studied without one.
+memory copies (large ones with streaming stores, ``streaming``: around the caches, as a GPU's copy
+engine writes), so LMS behaves here as it does on a GPU and can be tested and studied without one.
 An optional ``Link`` makes each copy last at least ``bytes / bandwidth``.
 
 Streams mirror CUDA's (``cpu_streams``): work on a stream runs in order. The compute stream runs
@@ -14,6 +15,7 @@ import numpy as np
 
 from .. import events
 from ..sizes import format_bytes
+from . import streaming
 from .base import Device
 from .cpu_streams import CpuEvent, CpuStream, SplitCopy, splits
 from .link import Link
@@ -64,7 +66,7 @@ class CpuDevice(Device):
 
         def copy():
             started = events.clock()
-            np.copyto(dst, src, casting="no")
+            streaming.copy(dst, src)
             after(started)
         if stream is None:
             copy()

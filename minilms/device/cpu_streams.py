@@ -11,9 +11,10 @@ copy it would sit idle beside it. So a wait on the compute stream for an event o
 (``CpuEvent.wait``) does the streams' work itself: it runs the next item of the event's stream if
 that stream's thread has not started it (``CpuStream.run_next``: still in order, one item at a
 time), and it copies pieces of a large copy under way on either copy stream (``SplitCopy``: a copy
-of more than ``SPLIT`` bytes, up to ``SPLIT_LARGEST``, goes in pieces that any thread may claim,
-and the copy is complete when all are). Two threads copy a large block faster than one where
-memory, not a core, bounds one thread's copy, as on the machines measured (docs/benchmarks.md).
+of more than ``SPLIT`` bytes goes in pieces that any thread may claim, and the copy is complete
+when all are). Two threads copy a large block faster than one where memory, not a core, bounds
+one thread's copy, as on the machines measured (docs/benchmarks.md). Each piece, as each whole
+copy, goes through ``streaming.copy``.
 """
 import collections
 import threading
@@ -21,21 +22,20 @@ import threading
 import numpy as np
 
 from .. import events
+from . import streaming
 
-__all__ = ["HELP_WHILE_WAITING", "SPLIT", "SPLIT_LARGEST", "CpuStream", "CpuEvent", "SplitCopy",
-           "splits"]
+__all__ = ["HELP_WHILE_WAITING", "SPLIT", "CpuStream", "CpuEvent", "SplitCopy", "splits"]
 
 HELP_WHILE_WAITING = True    # False: a wait only waits and copies go whole (the benchmark's A/B)
-SPLIT = 1 << 20          # bytes: larger copies go in pieces of this size
-# ... but not copies above this: there one memcpy takes the C library's non-temporal path, which
-# pieces do not, and is faster whole (docs/benchmarks.md, session 34)
-SPLIT_LARGEST = 64 << 20
+SPLIT = 1 << 20          # bytes: larger copies go in pieces of this size (each streamed:
+#                          ``streaming``; before the pieces streamed, a copy of over 64 MiB went
+#                          whole, where memcpy's own non-temporal path ran faster than pieces)
 HELP_WAIT_SECONDS = 2e-4  # between looks for work to help with, while a wait has none
 
 
 def splits(dst: np.ndarray, src: np.ndarray) -> bool:
     """Whether a copy goes in pieces (``SplitCopy``) rather than whole."""
-    return HELP_WHILE_WAITING and SPLIT < dst.nbytes <= SPLIT_LARGEST and \
+    return HELP_WHILE_WAITING and SPLIT < dst.nbytes and \
         dst.flags.c_contiguous and src.flags.c_contiguous
 
 
@@ -69,7 +69,7 @@ class SplitCopy:
     def _copy(self, piece: int) -> None:
         at = piece * SPLIT
         try:
-            np.copyto(self.dst[at:at + SPLIT], self.src[at:at + SPLIT])
+            streaming.copy(self.dst[at:at + SPLIT], self.src[at:at + SPLIT])
         except BaseException as error:   # re-raised by the stream's item (__call__)
             self.error = error
         finally:

@@ -1,0 +1,88 @@
+"""The ``cpu`` device's streaming-store copies (``minilms.device.streaming``): every byte of the
+source and nothing outside the destination, whatever the sizes and the two arrays' alignments;
+which copies stream; and that the device's copies, whole and in pieces, take them."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minilms.device import cpu_streams, make_device, streaming
+
+GUARD = 200     # bytes either side of the destination that must stay untouched
+
+
+def copied(nbytes, dst_offset, src_offset, seed=0):
+    """A copy of ``nbytes`` random bytes between arrays at the given byte offsets from a
+    64-byte boundary; returns the destination's buffer (guards included) and the source."""
+    rng = np.random.default_rng(seed)
+    source = rng.integers(0, 256, nbytes + 2 * GUARD, dtype=np.uint8)
+    target = np.zeros(nbytes + 2 * GUARD + 64, np.uint8)
+    start = GUARD + (dst_offset - target.ctypes.data - GUARD) % 64
+    src = source[src_offset:src_offset + nbytes]
+    streaming._stream_bytes(target[start:start + nbytes], src)
+    return target, start, src
+
+
+@settings(max_examples=60, deadline=None)
+@given(nbytes=st.integers(0, 5000), dst_offset=st.integers(0, 63), src_offset=st.integers(0, 63))
+def test_every_byte_lands_and_nothing_else_is_written(nbytes, dst_offset, src_offset):
+    """The streaming loop itself, on any size (the head before the first line, whole lines, the
+    tail) and any alignment of either array."""
+    target, start, src = copied(nbytes, dst_offset, src_offset, seed=nbytes)
+    assert (target[start:start + nbytes] == src).all()
+    assert not target[:start].any() and not target[start + nbytes:].any()
+
+
+@pytest.mark.parametrize("nbytes", [streaming.STREAM_MIN, 3 << 20 | 37])
+def test_large_copies_of_any_dtype_are_the_source(nbytes):
+    rng = np.random.default_rng(1)
+    for dtype in (np.float32, np.float64, np.int32):
+        count = nbytes // np.dtype(dtype).itemsize
+        src = rng.standard_normal(count).astype(dtype).reshape(-1, 1)    # 2-D: reshaped flat
+        dst = np.empty_like(src)
+        assert streaming.streams(dst, src)
+        streaming.copy(dst, src)
+        np.testing.assert_array_equal(dst, src)
+
+
+def test_which_copies_stream(monkeypatch):
+    """At least ``STREAM_MIN`` bytes, both contiguous, and only while ``ENABLED``; the rest go
+    through numpy.copyto, strided ones included, with the same result."""
+    big = np.ones(streaming.STREAM_MIN, np.uint8)
+    assert streaming.streams(np.empty_like(big), big)
+    assert not streaming.streams(big[:-1].copy(), big[:-1])
+    strided = np.ones((2, streaming.STREAM_MIN), np.uint8)[:, ::2]
+    assert not streaming.streams(np.empty_like(strided), strided)
+    out = np.zeros_like(strided)
+    streaming.copy(out, strided)
+    assert out.all()
+    monkeypatch.setattr(streaming, "ENABLED", False)
+    assert not streaming.streams(np.empty_like(big), big)
+
+
+def test_the_devices_copies_stream_whole_and_in_pieces(monkeypatch):
+    """A copy stream's whole copy and a ``SplitCopy``'s pieces both go through ``streaming``,
+    and the bytes arrive either way."""
+    calls = []
+    real = streaming._stream_bytes
+
+    def counted(dst, src):
+        calls.append(dst.size)
+        real(dst, src)
+    monkeypatch.setattr(streaming, "_stream_bytes", counted)
+    monkeypatch.setattr(cpu_streams, "SPLIT", streaming.STREAM_MIN)
+    nbytes = 4 * streaming.STREAM_MIN
+    with make_device("cpu", 2 * nbytes) as device:
+        slot = device.pool.allocate(nbytes, "x")
+        view = device.view(slot, (nbytes // 4,), np.float32)
+        host = np.arange(nbytes // 4, dtype=np.float32)
+        device.h2d(view, host, stream=device.h2d_stream)           # in pieces
+        device.synchronize()
+        assert calls == [streaming.STREAM_MIN] * 4
+        np.testing.assert_array_equal(view, host)
+        back = np.empty_like(host)
+        monkeypatch.setattr(cpu_streams, "HELP_WHILE_WAITING", False)   # whole
+        device.d2h(back, view, stream=device.d2h_stream)
+        device.synchronize()
+        assert calls[4:] == [nbytes]
+        np.testing.assert_array_equal(back, host)
