@@ -8,7 +8,9 @@ destination line is first read from memory (a read for ownership), then written 
 evicted, and it evicts the kernels' data on its way. Non-temporal (streaming) stores write whole
 lines around the caches, as a GPU's copy engine writes without touching the SMs' caches: a copy
 moves two bytes of memory traffic a byte instead of three, and on the ``cpu`` device a copy's
-time is the cores' time (docs/benchmarks.md, "LMS on's copies").
+time is the cores' time (docs/benchmarks.md, "LMS on's copies"). Where the last-level cache holds
+a swap-in until its reader comes (a 300 MiB L3), that reader goes to memory instead: there the
+gain was not seen (the same section).
 
 ``copy(dst, src)`` takes contiguous arrays of equal bytes: at least ``STREAM_MIN`` bytes go in
 64-byte streaming stores (the destination's unaligned head and tail byte by byte), anything
