@@ -160,6 +160,21 @@ def test_bench_bands_smoke(capsys):
     assert re.search(r"^resnet50 112 b2 +1 +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
 
 
+def test_bench_pooling_smoke(capsys):
+    """A row per max pool: each forward's ms that can run it, the two passes' ratio where they
+    apply (a dash on a 2x2 plane, where they do not); then a row per net, the two passes on and
+    off alternating, and the switch set back (numbers never asserted)."""
+    from minilms.kernels import pooling_planes
+    assert run_script("bench_pooling.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^pool_4a +2x480x8x8 +3/2/0 +[\d.]+ +- +[\d.]+ +[\d.]+x$", out, re.M), out
+    assert re.search(r"^inc3a_pool +2x192x8x8 +3/1/1 +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+x$", out,
+                     re.M), out
+    assert re.search(r"^inc5a_pool +2x832x2x2 +3/1/1 +[\d.]+ +[\d.]+ +- +-$", out, re.M), out
+    assert re.search(r"^googlenet 64 b2 +9 +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
+    assert pooling_planes.ENABLED
+
+
 def test_bench_slotted_smoke(capsys):
     """A row per short-plane layer and pass, per sample against in slots and whether the layer
     takes them; then a row per net, slots and none alternating (numbers never asserted)."""

@@ -23,12 +23,18 @@ With
 
 Backward passes are gathers (each input element sums the outputs whose windows hold it), not
 scatters, so overlapping windows need no float atomics and results are deterministic.
+
+On the ``cpu`` device the max forward runs in two passes a plane (``pooling_planes``) where they
+apply, else a row of outputs at a time (``pooling_rows``), else output by output here: the same
+values and argmax from each.
 """
 import numpy as np
 from numba import njit, prange
 
 from ..lazy_cuda import cuda
+from . import pooling_planes
 from .common import block_sum, grid_1d, launch, view
+from .pooling_planes import max_pool_forward_planes_cpu
 from .pooling_rows import max_pool_forward_rows_cpu, max_pool_forward_stride2_cpu, stride2_rows_pay
 from .registry import cpu_variant, cuda_kernel, on_cpu, shared
 
@@ -241,7 +247,9 @@ def max_pool_forward(x, y, argmax, kernel, stride=None, pad=0, stream=None):
     args = (view(x, *x.shape), view(y, *y.shape), _argmax(argmax, y), geom)
     if on_cpu(x):
         kh, kw, sh, sw, ph, pw = geom
-        if sw == 1:
+        if pooling_planes.applies(geom, x.shape[3], y.shape[3]):
+            max_pool_forward_planes_cpu(*args)
+        elif sw == 1:
             max_pool_forward_rows_cpu(*args)
         elif sw == 2 and stride2_rows_pay(x.shape[3], y.shape[3], kw, pw):
             max_pool_forward_stride2_cpu(*args)

@@ -1,6 +1,8 @@
 """Pooling kernels: CPU against naive loops and numerical gradients, CUDA against CPU, and torch."""
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from minilms.kernels import pooling as pl
 
@@ -132,6 +134,7 @@ def test_rows_kernel_is_the_per_output_kernel_bit_for_bit(h, w, k, s, p, dtype, 
     assert geom[3] == 1
     pl.max_pool_forward_cpu(x, y_ref, arg_ref, geom)
     monkeypatch.setattr(pl, "max_pool_forward_cpu", None)    # the rows kernel, or a failure
+    monkeypatch.setattr(pl.pooling_planes, "applies", lambda *shapes: False)
     pl.max_pool_forward(x, y, arg, k, s, p)
     np.testing.assert_array_equal(arg, arg_ref)
     np.testing.assert_array_equal(y, y_ref)                   # NaN where NaN
@@ -160,6 +163,7 @@ def test_stride2_rows_kernel_is_the_per_output_kernel_bit_for_bit(h, w, k, s, p,
     assert geom[3] == 2 and pooling_rows.stride2_rows_pay(w, y.shape[3], geom[1], geom[5])
     pl.max_pool_forward_cpu(x, y_ref, arg_ref, geom)
     monkeypatch.setattr(pl, "max_pool_forward_cpu", None)    # the stride-2 kernel, or a failure
+    monkeypatch.setattr(pl.pooling_planes, "applies", lambda *shapes: False)
     pl.max_pool_forward(x, y, arg, k, s, p)
     np.testing.assert_array_equal(arg, arg_ref)
     np.testing.assert_array_equal(y, y_ref)                   # NaN where NaN
@@ -179,6 +183,91 @@ def test_stride2_rows_kernel_only_where_a_row_fills_a_vector():
     assert not pooling_rows.stride2_rows_pay(2 * VL - 2, VL - 1, 3, 0)
     inner, outer = pooling_rows.interior(112, 56, 3, 1)
     assert (inner, outer) == (1, 56)       # output 0's window starts in the padding
+
+
+def planes_case(rng, h, w, k, s, p, ceil, dtype, planes=(2, 5)):
+    """An input full of ties, with NaNs in rows, columns and at the rows' ends, and its output
+    arrays; None where the two-pass kernel does not apply to the geometry."""
+    x = rng.integers(0, 3, (*planes, h, w)).astype(dtype)
+    x[0, 0, min(1, h - 1), :] = np.nan
+    x[1, 2, ::2, 1::3] = np.nan
+    x[1, 3, :, :1] = x[1, 4, :, -1:] = np.nan
+    x[0, 1] = rng.standard_normal((h, w))                    # no ties: one maximum a window
+    shape = out_shape(x, k, s, p, ceil)
+    geom = pl._geometry(x, np.empty(shape), k, s, p)
+    if not pl.pooling_planes.applies(geom, w, shape[3]):
+        return None
+    return x, geom, np.empty(shape, dtype), np.empty(shape, np.int32)
+
+
+@pytest.mark.parametrize("h, w, k, s, p, ceil", [
+    (28, 28, 3, 2, 0, True),       # GoogLeNet's pools between stages
+    (14, 14, 3, 1, 1, False),      # its inception pools
+    (7, 7, 3, 1, 1, False),
+    (12, 16, 2, 2, 0, False),      # LeNet's
+    (10, 8, 3, 2, 1, False),       # ResNet's stem pool's geometry
+    (9, 8, (3, 2), (1, 2), (1, 0), True),
+    (5, 6, (2, 3), (2, 1), (1, 1), False),
+    (2, 6, 3, 1, 1, False), (1, 6, 3, 1, 1, False)])     # one and two rows of outputs
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_planes_kernel_is_the_per_output_kernel_bit_for_bit(h, w, k, s, p, ceil, dtype,
+                                                            monkeypatch):
+    """Where the two passes apply, ``max_pool_forward`` takes them: on ties and NaNs (inside the
+    flattened loops and at the rows' clipped ends), the per-output kernel's maxima and argmax
+    exactly, and the naive definition's where no NaN is."""
+    case = planes_case(np.random.default_rng(h * w), h, w, k, s, p, ceil, dtype)
+    assert case is not None, "the two passes should apply here"
+    x, geom, y, arg = case
+    y_ref, arg_ref = np.empty_like(y), np.empty_like(arg)
+    pl.max_pool_forward_cpu(x, y_ref, arg_ref, geom)
+    monkeypatch.setattr(pl, "max_pool_forward_cpu", None)    # the two passes, or a failure
+    monkeypatch.setattr(pl, "max_pool_forward_rows_cpu", None)
+    monkeypatch.setattr(pl, "max_pool_forward_stride2_cpu", None)
+    pl.max_pool_forward(x, y, arg, k, s, p)
+    np.testing.assert_array_equal(arg, arg_ref)
+    np.testing.assert_array_equal(y, y_ref)                   # NaN where NaN
+    clean = np.nan_to_num(x, nan=-1.0)
+    y_naive, arg_naive = naive_max(clean, k, s, p, ceil)
+    pl.max_pool_forward(clean, y, arg, k, s, p)
+    np.testing.assert_array_equal(arg, arg_naive)
+    np.testing.assert_array_equal(y, y_naive)
+
+
+@settings(max_examples=40, deadline=None)
+@given(h=st.integers(1, 12), out_w=st.integers(1, 9), kh=st.integers(1, 3), kw=st.sampled_from(
+    [2, 3]), sh=st.integers(1, 2), sw=st.sampled_from([1, 2]), ph=st.integers(0, 1),
+    ceil=st.booleans(), seed=st.integers(0, 2**16))
+def test_planes_kernel_on_random_geometries(h, out_w, kh, kw, sh, sw, ph, ceil, seed):
+    """Any geometry the two passes take (the width made ``stride x out_w``, the horizontal
+    padding one that gives ``out_w`` outputs), many planes (more than ``CHUNKS``, so chunks hold
+    several): the per-output kernel's results bit for bit."""
+    w, ph = sw * out_w, min(ph, kh // 2)
+    pads = [pw for pw in range(kw // 2 + 1) if w + 2 * pw >= kw
+            and pl.pool_output_size(w, kw, sw, pw, ceil) == out_w]
+    assume(pads and h + 2 * ph >= kh)
+    case = planes_case(np.random.default_rng(seed), h, w, (kh, kw), (sh, sw), (ph, pads[-1]),
+                       ceil, np.float32, planes=(3, 30))
+    assume(case is not None)
+    x, geom, y, arg = case
+    y_ref, arg_ref = np.empty_like(y), np.empty_like(arg)
+    pl.max_pool_forward_cpu(x, y_ref, arg_ref, geom)
+    pl.pooling_planes.max_pool_forward_planes_cpu(x, y, arg, geom)
+    np.testing.assert_array_equal(arg, arg_ref)
+    np.testing.assert_array_equal(y, y_ref)
+
+
+def test_planes_kernel_applies_to_the_zoos_pools_and_not_elsewhere():
+    """GoogLeNet's and ResNet's 3x3 pools and LeNet's 2x2 take the two passes; an odd width
+    that a stride of 2 does not step across, a 5-wide window or a stride of 3 do not."""
+    def applies(h, w, k, s, p, ceil):
+        out = pl.pool_output_size(w, k, s, p, ceil)
+        geom = pl._geometry(np.empty((1, 1, h, w)), np.empty((1, 1, out, out)), k, s, p)
+        return pl.pooling_planes.applies(geom, w, out)
+    assert applies(112, 112, 3, 2, 0, True) and applies(28, 28, 3, 2, 0, True)
+    assert applies(14, 14, 3, 1, 1, False) and applies(112, 112, 3, 2, 1, False)
+    assert applies(24, 24, 2, 2, 0, False)
+    assert not applies(7, 7, 3, 2, 0, True)          # 4 outputs do not step across 7 columns
+    assert not applies(14, 14, 5, 1, 2, False) and not applies(15, 15, 3, 3, 0, False)
 
 
 @pytest.mark.parametrize("h, w, k, s, p, ceil", [CONFIGS[1], CONFIGS[3], CONFIGS[5]])

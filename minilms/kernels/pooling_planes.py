@@ -1,0 +1,151 @@
+"""The ``cpu`` device's max-pool forward a plane at a time in two passes: each row's window maxima,
+then the maxima of those down the window's rows.
+
+``pooling.max_pool_forward_cpu`` scans each output's window on its own, and ``pooling_rows``
+vectorises a row of outputs, which fills no vector on GoogLeNet's 28-, 14- and 7-wide planes. A
+max over a ``kh x kw`` window is the max over its rows of each row's max over ``kw`` columns, so:
+
+1. **across**: for every input row, the max of each output column's ``kw`` inputs (``kw`` 2 or 3),
+   and where it was, into a scratch plane of ``height x out_w``. Where the width is ``stride x
+   out_w``, an output's first input in the flattened plane is ``stride * q - pad`` for the
+   scratch position ``q``: one loop over the whole plane, with a constant stride, vectorises
+   whatever the width. The outputs whose window the row's ends clip are redone one by one after
+   it (the flattened loop read the next row's elements for them).
+2. **down**: for every output, the max of its window's rows' maxima; for a 3-row window of stride
+   1 and padding 1 (GoogLeNet's inception pools), one loop over the flattened plane too.
+
+The result is ``max_pool_forward_cpu``'s bit for bit, values and argmax: that kernel keeps the
+first maximum in row-major order, and a NaN replaces whatever is kept (so the last NaN wins);
+each pass applies the same rule in the same order (a row's first maximum, or its last NaN; then
+the first row whose maximum is the window's, or the last row with a NaN), which picks the same
+element (tests/kernels/test_pooling.py). A plane's scratch (values and indices) is taken once per
+chunk of planes, a few KiB to a few MiB, and given back after it.
+"""
+import numpy as np
+from numba import njit, prange
+
+__all__ = ["ENABLED", "applies", "max_pool_forward_planes_cpu"]
+
+ENABLED = True  # False: ``applies`` says no everywhere (the benchmark's A/B)
+CHUNKS = 64     # of planes, in parallel: each takes one scratch plane for all of its planes
+U = np.uint64   # unsigned indices: numba's negative-index wrap-around stops the vectoriser
+
+
+def applies(geom, width: int, out_w: int) -> bool:
+    """Whether the two passes run this pooling (``geom`` as ``pooling._geometry`` gives it):
+    ``kw`` 2 or 3, a horizontal stride of 1 or 2 that steps ``out_w`` outputs across the whole
+    width (``width == stride * out_w``), and at least one output whose window the row's ends do
+    not clip; never while ``ENABLED`` is False."""
+    _, kw, _, sw, _, pw = geom
+    inner, outer = _interior(width, out_w, kw, sw, pw)
+    return ENABLED and kw in (2, 3) and sw in (1, 2) and width == sw * out_w and inner < outer
+
+
+@njit(cache=True)
+def _interior(width, out_w, kw, stride, pw):
+    """Outputs ``[inner, outer)`` of a row whose windows lie inside it."""
+    inner = min(out_w, (pw + stride - 1) // stride)
+    return inner, max(inner, min(out_w, (width - kw + pw) // stride + 1))
+
+
+@njit(inline="always")
+def _keep(v, at, b, a):
+    """``max_at``'s rule: a greater value or a NaN replaces the one kept."""
+    replace = (v > b) | (v != v)
+    return (v if replace else b), (at if replace else a)
+
+
+@njit(inline="always")
+def _across(src, hv, hi, q0, q1, pw, stride, kw):
+    """Scratch positions ``q0 .. q1`` of the flattened plane: the max of ``src[stride * q - pw +
+    j]`` for ``j < kw``, and where it is. Called with constant ``stride`` and ``kw``."""
+    for q in range(q0, q1):
+        base = stride * q - pw
+        b, a = src[U(base)], np.int32(base)
+        b, a = _keep(src[U(base + 1)], np.int32(base + 1), b, a)
+        if kw == 3:
+            b, a = _keep(src[U(base + 2)], np.int32(base + 2), b, a)
+        hv[U(q)], hi[U(q)] = b, a
+
+
+@njit(inline="always")
+def _across_clipped(src, hv, hi, h, ow, width, out_w, stride, pw, kw):
+    """One scratch position whose window the row's ends clip, element by element."""
+    w_lo, w_hi = max(ow * stride - pw, 0), min(ow * stride - pw + kw, width)
+    at = h * width + w_lo
+    b, a = src[at], np.int32(at)
+    for w in range(w_lo + 1, w_hi):
+        b, a = _keep(src[h * width + w], np.int32(h * width + w), b, a)
+    hv[h * out_w + ow], hi[h * out_w + ow] = b, a
+
+
+@njit(inline="always")
+def _down_same3(hv, hi, out, arg, out_w, out_h):
+    """A 3-row window of stride 1 and padding 1 (``out_h == height``): rows ``oh - 1 .. oh +
+    1``, flattened; the first and the last output rows have two."""
+    n = out_h * out_w
+    for o in range(out_w, n - out_w):
+        b, a = hv[U(o - out_w)], hi[U(o - out_w)]
+        b, a = _keep(hv[U(o)], hi[U(o)], b, a)
+        b, a = _keep(hv[U(o + out_w)], hi[U(o + out_w)], b, a)
+        out[U(o)], arg[U(o)] = b, a
+    for o in range(min(out_w, n)):
+        b, a = hv[o], hi[o]
+        if out_h > 1:
+            b, a = _keep(hv[o + out_w], hi[o + out_w], b, a)
+        out[o], arg[o] = b, a
+    for o in range(max(n - out_w, out_w), n):
+        b, a = hv[o - out_w], hi[o - out_w]
+        b, a = _keep(hv[o], hi[o], b, a)
+        out[o], arg[o] = b, a
+
+
+@njit(inline="always")
+def _down(hv, hi, out, arg, out_w, out_h, height, kh, sh, ph):
+    """Any window down: an output row at a time, its window's first row, then each next one."""
+    for oh in range(out_h):
+        h_lo, h_hi = max(oh * sh - ph, 0), min(oh * sh - ph + kh, height)
+        row, first = oh * out_w, h_lo * out_w
+        for ow in range(out_w):
+            out[U(row + ow)], arg[U(row + ow)] = hv[U(first + ow)], hi[U(first + ow)]
+        for h in range(h_lo + 1, h_hi):
+            at = h * out_w
+            for ow in range(out_w):
+                b, a = _keep(hv[U(at + ow)], hi[U(at + ow)], out[U(row + ow)], arg[U(row + ow)])
+                out[U(row + ow)], arg[U(row + ow)] = b, a
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def max_pool_forward_planes_cpu(x, y, argmax, geom):
+    """``pooling.max_pool_forward_cpu`` where ``applies`` (the module docstring)."""
+    kh, kw, sh, sw, ph, pw = geom
+    n_, c_, out_h, out_w = y.shape
+    height, width = x.shape[2], x.shape[3]
+    planes = n_ * c_
+    xs, ys = x.reshape(planes, height * width), y.reshape(planes, out_h * out_w)
+    args = argmax.reshape(planes, out_h * out_w)
+    inner, outer = _interior(width, out_w, kw, sw, pw)
+    q0, q1 = inner, height * out_w - (out_w - outer)
+    chunks = min(planes, CHUNKS)
+    for chunk in prange(chunks):
+        hv = np.empty(height * out_w, x.dtype)
+        hi = np.empty(height * out_w, np.int32)
+        for p in range(chunk * planes // chunks, (chunk + 1) * planes // chunks):
+            src, out, arg = xs[p], ys[p], args[p]
+            if sw == 1 and kw == 3:
+                _across(src, hv, hi, q0, q1, pw, 1, 3)
+            elif sw == 1:
+                _across(src, hv, hi, q0, q1, pw, 1, 2)
+            elif kw == 3:
+                _across(src, hv, hi, q0, q1, pw, 2, 3)
+            else:
+                _across(src, hv, hi, q0, q1, pw, 2, 2)
+            for h in range(height):
+                for ow in range(inner):
+                    _across_clipped(src, hv, hi, h, ow, width, out_w, sw, pw, kw)
+                for ow in range(outer, out_w):
+                    _across_clipped(src, hv, hi, h, ow, width, out_w, sw, pw, kw)
+            if kh == 3 and sh == 1 and ph == 1 and out_h == height:
+                _down_same3(hv, hi, out, arg, out_w, out_h)
+            else:
+                _down(hv, hi, out, arg, out_w, out_h, height, kh, sh, ph)
