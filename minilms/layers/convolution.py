@@ -157,7 +157,7 @@ class Convolution(Layer):
         self._size_workspace(shape, chunked=self.device_kind != "cuda")
         self.fast = None if self.engine == "reference" else DirectConvolution(
             shape, (self.num_output, self.in_group) + self.kernel_size, self.groups,
-            self._geometry(), self.chunk, self.max_workspace)
+            self._geometry(), self.chunk, self.max_workspace, cpu=self.device_kind != "cuda")
         engine = self.fast.elements if self.fast else 0
         self.engine_only = self.device_kind == "cpu" and self.fast and self.fast.covers_all
         if self.engine_only:
@@ -401,16 +401,16 @@ class Convolution(Layer):
         if dx is None and dweight is None and dbias is None:
             return
         flat = self._workspace(io, dy)
-        if self.chunk and on_cpu(dy):
-            weight = io.params["weight"]
-            if self.fast:
-                dx, dweight, dbias = self.fast.backward(x, dy, weight, dx, dweight, dbias, flat)
-            if dx is not None or dweight is not None or dbias is not None:
-                self._reference_allowed(dy)
-                conv_cpu.conv_backward(x, dy, weight, dx, dweight, dbias, flat, self.chunk,
-                                       self._geometry())
-            return
+        if self.fast and on_cpu(dy):
+            dx, dweight, dbias = self.fast.backward(x, dy, io.params["weight"], dx, dweight,
+                                                    dbias, flat)
+            if dx is None and dweight is None and dbias is None:
+                return
         self._reference_allowed(dy)
+        if self.chunk and on_cpu(dy):
+            conv_cpu.conv_backward(x, dy, io.params["weight"], dx, dweight, dbias, flat,
+                                   self.chunk, self._geometry())
+            return
         chunk = 0 if on_cpu(dy) else self._batch_chunk(dy.shape[0])
         if chunk:
             self._backward_batched(x, dy, io.params["weight"], dx, dweight, dbias, flat, chunk,

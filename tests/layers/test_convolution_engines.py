@@ -215,3 +215,46 @@ def test_a_layer_sized_for_cuda_runs_there_one_sample_at_a_time():
             results.append((y, dx.copy(), grads["weight"].copy()))
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+# (name, geometry, the engine's flag that must take it): layers whose one sample's im2col columns
+# exceed the workspace given (GoogLeNet at 2240x2240), which a path sized on its own still takes
+NO_CHUNK = [
+    ("1x1", Geometry(2, 16, 16, (1, 1), (1, 1), (0, 0), (1, 1), 16, 16), "pointwise"),
+    ("1x1 stride 2", Geometry(2, 16, 8, (1, 1), (2, 2), (0, 0), (1, 1), 32, 32), "pointwise"),
+    ("3x3 stride 2, 48 channels", Geometry(2, 48, 16, (3, 3), (2, 2), (1, 1), (1, 1), 28, 28),
+     "window_slots"),
+    ("a stem", Geometry(2, 3, 32, (7, 7), (2, 2), (3, 3), (1, 1), 112, 112), "band_slots"),
+]
+
+
+@pytest.mark.parametrize("name, g, path", NO_CHUNK, ids=[case[0] for case in NO_CHUNK])
+def test_the_engine_takes_a_layer_whose_columns_do_not_fit_a_sample(name, g, path):
+    """With ``max_workspace`` below one sample's columns (``chunk`` 0, im2col + GEMM in bands of
+    rows), the engine's paths that size their own buffers still run the layer whole, in less
+    workspace than the bands of columns, with the reference engine's results; a layer set up for
+    cuda takes none of them."""
+    def columns_per_sample(conv):
+        return (conv.k + conv.num_output) * conv.out_h * conv.out_w * 4
+
+    probe = layer(g, "reference")
+    budget = columns_per_sample(probe) - 4096       # not one sample's columns
+    auto = Convolution("conv", ["x"], ["y"], num_output=g.o, kernel_size=list(g.kernel),
+                       stride=list(g.stride), pad=list(g.pad), max_workspace=budget)
+    auto.setup([(g.n, g.c, g.height, g.width)], device_kind="cpu")
+    assert auto.chunk == 0 and auto.engine_only and getattr(auto.fast, path), (name, path)
+    reference = layer(g, "reference", max_workspace=budget)
+    assert auto.elements < reference.elements
+    rng = np.random.default_rng(len(name))
+    x = rng.standard_normal((g.n, g.c, g.height, g.width)).astype(np.float32)
+    dy = rng.standard_normal(auto.top_shapes[0]).astype(np.float32)
+    params = {"weight": rng.standard_normal(auto.params()[0].shape).astype(np.float32),
+              "bias": rng.standard_normal(g.o).astype(np.float32)}
+    got, want = run(auto, x, dy, params), run(reference, x, dy, params)
+    for a, b in zip((got[0], got[1], *got[2].values()), (want[0], want[1], *want[2].values())):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
+    on_cuda = Convolution("conv", ["x"], ["y"], num_output=g.o, kernel_size=list(g.kernel),
+                          stride=list(g.stride), pad=list(g.pad), max_workspace=budget)
+    on_cuda.setup([(g.n, g.c, g.height, g.width)], device_kind="cuda")
+    assert not (on_cuda.fast.pointwise or on_cuda.fast.window_slots or on_cuda.fast.band_slots
+                or on_cuda.fast.winograd_slots or on_cuda.engine_only)

@@ -28,17 +28,21 @@ class DirectConvolution:
     """The direct kernels for one convolution shape: ``x_shape`` ``[N, C, H, W]``,
     ``weight_shape`` ``[out, C / groups, kh, kw]``, ``geometry`` ``(kernel, stride, pad,
     dilation)`` as ``(h, w)`` pairs. ``chunk`` is the samples the layer's workspace holds per
-    im2col chunk (0: none, it works one sample at a time, and the backward's direct paths, sized
-    per chunk, stand aside); ``max_workspace`` bounds the samples-in-lanes copy of ``dy``."""
+    im2col chunk; 0 where not even one sample's columns fit ``max_workspace`` (GoogLeNet at
+    2240x2240): then the paths that size their own buffers within ``max_workspace`` still take
+    the layer (Winograd's, the row windows, the bands, a 1x1 a sample at a time), and the direct
+    kernels, sized per chunk, stand aside. ``cpu``: False for a layer set up for ``cuda``, which
+    this engine never runs (it takes nothing). ``max_workspace`` also bounds the samples-in-lanes
+    copy of ``dy``."""
 
     name = "direct"
 
     def __init__(self, x_shape, weight_shape, groups: int, geometry, chunk: int,
-                 max_workspace: int):
+                 max_workspace: int, cpu: bool = True):
         self.geometry, self.groups, self.chunk = geometry, groups, chunk
         self.batch = x_shape[0]
         self.elements = 0
-        self.pointwise = bool(chunk) and pointwise.applies(weight_shape, geometry)
+        self.pointwise = False
         self.window_slots = 0       # > 0: the row windows run it all, with this many workers
         self.winograd_slots = 0     # > 0: Winograd's F(2x2, 3x3) runs it all, likewise
         self.band_slots = 0         # > 0: im2col + GEMM in bands runs it all, likewise
@@ -46,17 +50,21 @@ class DirectConvolution:
         # which input gradient runs here ("direct", "lanes", or None: im2col + GEMM's), and
         # whether the weight gradient does: the backward leaves the rest to the layer
         self.dx_path, self.dw_direct, self.forward_direct = None, False, False
-        if not chunk:
+        if not cpu:
             return
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
         samples, height, width = x_shape[0], x_shape[2], x_shape[3]
         out, out_h, out_w = (weight_shape[0], conv_out_size(height, kh, sh, ph, dh),
                              conv_out_size(width, kw, sw, pw, dw))
-        if self.pointwise:
-            self.slots = slotted.count(out_h * out_w, samples, chunk, out * x_shape[1])
-            self.elements = pointwise.workspace_elements(x_shape, out, out_h * out_w, chunk,
-                                                         (sh, sw) != (1, 1), self.slots)
-            return
+        if pointwise.applies(weight_shape, geometry):
+            per_call = chunk or 1       # without a chunk, a sample at a time where it fits
+            slots = slotted.count(out_h * out_w, samples, per_call, out * x_shape[1])
+            elements = pointwise.workspace_elements(x_shape, out, out_h * out_w, per_call,
+                                                    (sh, sw) != (1, 1), slots)
+            if chunk or elements <= max_workspace // 4:
+                self.pointwise, self.chunk, self.slots, self.elements = \
+                    True, per_call, slots, elements
+                return
         if winograd.pays(weight_shape, geometry, out_h * out_w):
             self.winograd_slots = winograd.slot_count(x_shape, weight_shape, ph,
                                                       max_workspace // 4)
@@ -77,6 +85,8 @@ class DirectConvolution:
         if self.band_slots:
             self.elements = bands.workspace_elements(x_shape, weight_shape, geometry,
                                                      self.band_slots)
+            return
+        if not chunk:
             return
         self.dw_direct = weight_grad.weight_grad_pays(weight_shape, out_h * out_w)
         self.forward_direct = conv.forward_pays(weight_shape, out_h * out_w)
@@ -100,10 +110,11 @@ class DirectConvolution:
     def covers_all(self) -> bool:
         """Whether this engine runs every part of the forward and the backward here (float32,
         no groups, on the ``cpu`` device), so the layer needs no workspace of its own there."""
-        return self.chunk >= 1 and self.groups == 1 and (
+        return self.groups == 1 and (
             self.pointwise or self.window_slots > 0 or self.winograd_slots > 0 or
-            self.band_slots > 0 or (
-                self.forward_direct and self.dx_path is not None and self.dw_direct))
+            self.band_slots > 0 or (self.chunk >= 1 and
+                                    self.forward_direct and self.dx_path is not None and
+                                    self.dw_direct))
 
     def _applies(self, array) -> bool:
         return on_cpu(array) and conv.supports(array.dtype, self.groups)
@@ -135,7 +146,7 @@ class DirectConvolution:
     def backward(self, x, dy, weight, dx, dweight, dbias, work):
         """Writes the gradients it computes faster (each overwritten) and returns ``(dx, dweight,
         dbias)`` with None in place of those: what is left for im2col + GEMM."""
-        if not self.chunk or not self._applies(dy):
+        if not self._applies(dy):
             return dx, dweight, dbias
         if self.pointwise:
             if dx is not None:
