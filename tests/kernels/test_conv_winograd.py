@@ -134,6 +134,90 @@ def test_matches_the_definition(n, c, o, height, width, pad, m, slots, with_bias
         np.testing.assert_allclose(db, want_db, rtol=1e-5, atol=1e-5 * terms)
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 9), st.integers(1, 9), st.integers(5, 22),
+       st.integers(1, 19), st.integers(0, 2), st.sampled_from([2, 4]), st.integers(1, 3),
+       st.integers(1, 3), st.integers(0, 2**31 - 1))
+def test_bands_of_tile_rows_match_the_definition(n, c, o, height, width, pad, m, slots,
+                                                 band_rows, seed):
+    """A worker over ``BAND_WORKER`` turns a sample in bands of tile rows (GoogLeNet's planes at
+    2240x2240), each band a unit of work, the last one short where the rows do not divide:
+    forward and gradients still the definition's, through NaN-filled buffers."""
+    if width + 2 * pad < 3:
+        return
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, height, width)).astype(np.float32)
+    weight = rng.standard_normal((o, c, 3, 3)).astype(np.float32)
+    out_h, out_w = height + 2 * pad - 2, width + 2 * pad - 2
+    dy = rng.standard_normal((n, o, out_h, out_w)).astype(np.float32)
+    saved = winograd.tile_size, winograd.BAND_WORKER
+    winograd.tile_size = lambda *args: m
+    try:
+        forward = winograd._layouts(x.shape, weight.shape, pad)[0]
+        winograd.BAND_WORKER = forward._size(band_rows)     # bands of band_rows tile rows
+        forward = winograd._layouts(x.shape, weight.shape, pad)[0]
+        assert forward.band_rows == min(band_rows, forward.tiles_h)
+        assert forward.bands == -(-forward.tiles_h // forward.band_rows)
+        y, dx, dw, _ = run(x, weight, None, dy, pad, slots)
+    finally:
+        winograd.tile_size, winograd.BAND_WORKER = saved
+    tol, args = TOLERANCE[m], geometry(pad)
+    np.testing.assert_allclose(y, reference(x, weight, np.zeros(o), *args[1:]), rtol=tol,
+                               atol=tol * np.sqrt(9 * c))
+    np.testing.assert_allclose(dx, reference_input_grad(dy, weight, x.shape, *args[1:]),
+                               rtol=tol, atol=tol * np.sqrt(9 * o))
+    np.testing.assert_allclose(dw, reference_weight_grad(x, dy, *args)[0], rtol=tol,
+                               atol=tol * np.sqrt(n * out_h * out_w))
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_a_samples_bands_do_not_depend_on_the_chunk_or_the_threads(tiles, library,
+                                                                   monkeypatch):
+    """In bands, as whole: a step split along the batch gives the whole step's forward and input
+    gradient (bit for bit where the library keeps a row's bits, else to rounding), with one
+    thread or several; the weight gradient to rounding. The bands' blocks are the layer's."""
+    tiles(4)
+    monkeypatch.setattr(winograd, "BAND_WORKER", 1)         # a tile row a band
+    rng = np.random.default_rng(11)
+    n, c, o, h = 5, 12, 10, 22
+    x = rng.standard_normal((n, c, h, h)).astype(np.float32)
+    weight = rng.standard_normal((o, c, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((n, o, h, h)).astype(np.float32)
+    layout = winograd._layouts(x.shape, weight.shape, 1)[0]
+    assert (layout.band_rows, layout.bands, layout.group) == (1, 6, 1)
+    chosen, threads = mkl.chosen(), numba.get_num_threads()
+    try:
+        mkl.use(library)
+        whole = run(x, weight, None, dy, 1, 3)
+        for cuts, count in (((0, 1, 5), threads), ((0, 2, 3, 5), 1)):
+            numba.set_num_threads(count)
+            parts = [run(x[a:b], weight, None, dy[a:b], 1, 3, batch=n)
+                     for a, b in zip(cuts, cuts[1:])]
+            for i, what in ((0, "forward"), (1, "input gradient")):
+                assert_bits_or_rounding(np.concatenate([p[i] for p in parts]), whole[i],
+                                        f"{what}, cuts {cuts}, {count} threads", library,
+                                        small=True)
+            np.testing.assert_allclose(sum(p[2] for p in parts), whole[2], rtol=1e-3,
+                                       atol=1e-3 * np.abs(whole[2]).max())
+    finally:
+        mkl.use(chosen)
+        numba.set_num_threads(threads)
+
+
+def test_a_plane_too_large_for_one_worker_goes_in_bands():
+    """GoogLeNet's conv3 at 2240x2240 (64 channels in, 192 out, 560x560): whole, a worker would
+    hold 83M elements; in bands it fits ``BAND_WORKER``, so the engine takes it within the
+    layer's 64 MiB; at 224x224 the same layer's planes stay whole."""
+    weight = (192, 64, 3, 3)
+    big = winograd._layouts((1, 64, 560, 560), weight, 1)
+    assert all(layout.bands > 1 and layout.worker <= winograd.BAND_WORKER for layout in big)
+    assert big[0].bands * big[0].band_rows >= big[0].tiles_h > (big[0].bands - 1) * \
+        big[0].band_rows
+    assert winograd.slot_count((1, 64, 560, 560), weight, 1, 64 * MiB // 4) >= 2
+    small = winograd._layouts((8, 64, 56, 56), weight, 1)
+    assert all(layout.bands == 1 and layout.band_rows == layout.tiles_h for layout in small)
+
+
 @pytest.mark.parametrize("m", [2, 4])
 def test_blocks_of_a_large_plane(tiles, m):
     """A plane of more than ``MAX_BLOCK`` tiles, in blocks of a sample's tiles."""

@@ -93,6 +93,10 @@ MIN_TILES_4 = 32
 MAX_SLOTS = 4
 MAX_BLOCK = 256     # tiles per block at most: a sample's tiles in equal blocks
 GROUP_TILES = 128   # a plane of fewer tiles goes in a group of samples, about this many tiles
+# A worker's buffers, float32 elements, above which it turns a sample in bands of tile rows
+# rather than whole (the largest at 224x224, GoogLeNet's conv3, hold 2.6M; at 2240x2240 a whole
+# plane's copies alone are 20M and more).
+BAND_WORKER = 4 << 20
 
 
 class _Layout:
@@ -101,7 +105,10 @@ class _Layout:
     tiles or, on a small plane, the tiles of a group of ``group`` samples (the rows of a missing
     sample's 0, so that a block's GEMMs always have the same shape, whatever the chunk). Per
     worker: the inputs padded, ``xt [group, m th + 2, m tw + 2, C]``, a block's ``V [a^2, block,
-    C]`` and ``M [a^2, block, O]``, the outputs ``yt [group, m th, m tw, O]``."""
+    C]`` and ``M [a^2, block, O]``, the outputs ``yt [group, m th, m tw, O]``. On a plane whose
+    worker would hold more than ``BAND_WORKER`` elements (2240x2240 images) a worker turns a
+    sample in ``bands`` bands of ``band_rows`` tile rows (``th`` above; the last band may have
+    fewer), each a unit of work of its own; its blocks are a band's tiles, evened."""
 
     def __init__(self, in_shape, out_shape, m, batch):
         self.m, self.alpha = m, m + 2
@@ -112,13 +119,25 @@ class _Layout:
         if tiles < GROUP_TILES:     # evened out over the batch, and a group for each worker
             most = max(1, min(GROUP_TILES // tiles, batch // MAX_SLOTS))
             self.group = -(-batch // -(-batch // most))
-        self.sample_block = -(-tiles // -(-tiles // MAX_BLOCK))    # a sample's tiles, evened
-        self.block = self.group * tiles if self.group > 1 else self.sample_block
-        th, tw, k, g = self.tiles_h, self.tiles_w, self.alpha ** 2, self.group
-        self.shapes = ((g, m * th + 2, m * tw + 2, self.channels),
+        self.band_rows, self.bands = self.tiles_h, 1
+        self._size(self.tiles_h)
+        if self.group == 1 and self.worker > BAND_WORKER:
+            self.band_rows = next((rows for rows in range(self.tiles_h - 1, 1, -1)
+                                   if self._size(rows) <= BAND_WORKER), 1)
+            self.bands = -(-self.tiles_h // self.band_rows)
+            self._size(self.band_rows)
+
+    def _size(self, band_rows: int) -> int:
+        """The buffers for bands of ``band_rows`` tile rows (``shapes``, ``worker``)."""
+        m, tw, k, g = self.m, self.tiles_w, self.alpha ** 2, self.group
+        band = band_rows * tw                                       # a band's tiles
+        self.sample_block = -(-band // -(-band // MAX_BLOCK))      # evened into blocks
+        self.block = g * band if g > 1 else self.sample_block
+        self.shapes = ((g, m * band_rows + 2, m * tw + 2, self.channels),
                        (k, self.block, self.channels), (k, self.block, self.out),
-                       (g, m * th, m * tw, self.out))
+                       (g, m * band_rows, m * tw, self.out))
         self.worker = sum(int(np.prod(s)) for s in self.shapes)
+        return self.worker
 
     def buffers(self, room):
         """``room`` (``self.worker`` elements) as ``xt, V, M, yt``."""
@@ -156,9 +175,14 @@ def slot_count(x_shape, weight_shape, pad, elements: int) -> int:
     one)."""
     layouts = _layouts(x_shape, weight_shape, pad)
     kernel = _kernel_size(weight_shape, layouts[0].m)
-    groups = -(-x_shape[0] // layouts[0].group)
-    return max(0, min(MAX_SLOTS, groups, (elements - 2 * kernel) //
+    units = min(_units(x_shape[0], layout) for layout in layouts)
+    return max(0, min(MAX_SLOTS, units, (elements - 2 * kernel) //
                       max(layout.worker for layout in layouts)))
+
+
+def _units(samples: int, layout) -> int:
+    """The units of work ``samples`` make: groups of samples, or bands of a sample's tiles."""
+    return -(-samples // layout.group) * layout.bands
 
 
 def kernel_matrix(m: int, turned: bool = False):
@@ -202,9 +226,12 @@ def _in_parts(a, b, out, workers: int, by_rows: bool) -> None:
         run_workers(lambda t: mkl.product(a, b[:, cuts[t]], out[:, cuts[t]], library), workers)
 
 
-def _deal(samples: int, slots: int, group: int):
-    """Each worker's samples, a contiguous run ``(first, stop)`` of whole groups: a worker per
-    thread, at most one per slot."""
+def _deal(samples: int, slots: int, group: int, bands: int = 1):
+    """Each worker's units, a contiguous run ``(first, stop)``: of samples in whole groups or,
+    where a sample goes in ``bands`` bands, of ``sample * bands + band``; a worker per thread, at
+    most one per slot."""
+    if bands > 1:
+        samples, group = samples * bands, 1
     groups = -(-samples // group)
     workers = max(1, min(numba.get_num_threads(), slots, groups))
     return [(min(samples, group * (groups * t // workers)),
@@ -236,12 +263,12 @@ def _convolve(x, u, u_trans, bias, y, work, slots, pad, layout):
     samples per worker."""
     rooms = _rooms(work, slots, u.size, layout)
     gemm, group, block = _gemm(layout)
-    runs = _deal(x.shape[0], slots, group)
+    runs = _deal(x.shape[0], slots, group, layout.bands)
     shift = bias if bias is not None else np.zeros(y.shape[1], np.float32)
 
     def worker(t):
         convolve_samples(gemm, x, *runs[t], u, u_trans, shift, y, pad, group, block,
-                         layout.tiles_w, layout.m, *rooms[t])
+                         layout.tiles_w, layout.m, layout.bands, layout.band_rows, *rooms[t])
 
     run_workers(worker, len(runs))
 
@@ -257,7 +284,8 @@ def forward(x, weight, bias, y, work, slots, geometry, batch) -> None:
     pad = geometry[2][0]
     layout = _layouts(x.shape, weight.shape, pad, batch)[0]
     u = _kernel(work, weight, layout.m)
-    transform_weights(weight, u, layout.m, False, len(_deal(batch, slots, layout.group)))
+    transform_weights(weight, u, layout.m, False,
+                      len(_deal(batch, slots, layout.group, layout.bands)))
     _convolve(x, u, True, bias, y, work, slots, pad, layout)
 
 
@@ -269,7 +297,7 @@ def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry, batch) ->
     if dbias is not None:
         bias_grad(dy.reshape(samples, out, -1), dbias)
     layout, turned = _layouts(x.shape, weight.shape, pad, batch)
-    workers = len(_deal(batch, slots, layout.group))
+    workers = len(_deal(batch, slots, layout.group, layout.bands))
     if dweight is not None:
         kernel = _kernel_size(weight.shape, layout.m)
         mw = work[kernel:2 * kernel].reshape(layout.alpha ** 2, out, weight.shape[1])
@@ -286,12 +314,12 @@ def _weight_sums(x, dy, mw, work, slots, pad, layout):
     the others' temporaries, as the row windows'), then the workers' sums in worker order."""
     rooms = _rooms(work, slots, mw.size, layout)
     gemm, group, block = _gemm(layout)
-    runs = _deal(x.shape[0], slots, group)
+    runs = _deal(x.shape[0], slots, group, layout.bands)
     sums = [mw] + [np.empty_like(mw) for _ in runs[1:]]
 
     def worker(t):
         weight_sums(gemm, x, dy, *runs[t], sums[t], pad, group, block, layout.tiles_w,
-                    layout.m, *rooms[t])
+                    layout.m, layout.bands, layout.band_rows, *rooms[t])
 
     run_workers(worker, len(runs))
     for other in sums[1:]:

@@ -40,36 +40,41 @@ STRIP = 16      # channels a copy to or from channels last takes at once (below)
 
 
 @njit(cache=True, nogil=True)
-def to_channels_last(plane, xt, pad):
-    """``xt[h + pad, w + pad, c] = plane[c, h, w]``; ``xt``'s border, and whatever lies beyond
-    the plane, 0. A strip of ``STRIP`` channels at a time, along the channels innermost: the
-    writes run on, and the reads gather from no more planes (pages) than the TLB holds: faster
-    than all the channels at once, and than the other orders (docs/benchmarks.md, session
-    38)."""
+def to_channels_last(plane, xt, pad, top=0):
+    """``xt[i, w + pad, c] = plane[c, top - pad + i, w]`` for ``xt``'s rows ``i`` (the whole
+    plane from ``top = 0``, or a band of rows); ``xt``'s border, and whatever lies beyond the
+    plane, 0. A strip of ``STRIP`` channels at a time, along the channels innermost: the writes
+    run on, and the reads gather from no more planes (pages) than the TLB holds: faster than
+    all the channels at once, and than the other orders (docs/benchmarks.md, session 38)."""
     channels, height, width = plane.shape
-    xt[:pad] = 0
-    xt[pad + height:] = 0
+    rows = xt.shape[0]
+    lo = min(rows, max(0, pad - top))               # rows of xt with a row of the plane
+    hi = max(lo, min(rows, height + pad - top))
+    xt[:lo] = 0
+    xt[hi:] = 0
     xt[:, :pad] = 0
     xt[:, pad + width:] = 0
     for first in range(0, channels, STRIP):
         last = min(first + STRIP, channels)
-        for h in range(height):
+        for i in range(lo, hi):
+            h = top - pad + i
             for w in range(width):
                 for c in range(first, last):
-                    xt[pad + h, pad + w, c] = plane[c, h, w]
+                    xt[i, pad + w, c] = plane[c, h, w]
 
 
 @njit(cache=True, nogil=True)
-def from_channels_last(yt, plane, bias):
-    """``plane[o, h, w] = yt[h, w, o] + bias[o]``: ``to_channels_last``'s inverse, in the same
-    order."""
+def from_channels_last(yt, plane, bias, top=0):
+    """``plane[o, top + h, w] = yt[h, w, o] + bias[o]`` for ``yt``'s rows inside the plane:
+    ``to_channels_last``'s inverse, in the same order."""
     out, height, width = plane.shape
+    rows = min(yt.shape[0], height - top)
     for first in range(0, out, STRIP):
         last = min(first + STRIP, out)
-        for h in range(height):
+        for h in range(rows):
             for w in range(width):
                 for o in range(first, last):
-                    plane[o, h, w] = yt[h, w, o] + bias[o]
+                    plane[o, top + h, w] = yt[h, w, o] + bias[o]
 
 
 # The transforms' matrices written out (``matrices`` has them as arrays; the tests check one
@@ -242,18 +247,30 @@ def untile(mm, at, first, count, tiles_w, m, yt):
 
 
 @njit(cache=True, nogil=True)
+def _band(unit, bands, band_rows, tiles_h, tiles_w):
+    """Unit ``unit``'s sample, its first tile row and its tiles: a sample whole where ``bands``
+    is 1 (``unit`` is then the sample), else band ``unit % bands`` of it."""
+    head, band = divmod(unit, bands)
+    first_row = band * band_rows
+    return head, first_row, min(band_rows, tiles_h - first_row) * tiles_w
+
+
+@njit(cache=True, nogil=True)
 def convolve_samples(gemm, x, first, stop, u, u_trans, bias, y, pad, group, block, tiles_w, m,
-                     xt, v, mm, yt):
-    """``y[n] = conv(x[n]) + bias`` for ``first <= n < stop`` with the transformed kernel ``u``
-    (``u[k]`` ``[out, in]`` where ``u_trans``, else ``[in, out]``): a group's copies, its blocks'
-    transforms and GEMMs, and its outputs' copies, in one call (``gemm``: ``cblas.sgemm``'s)."""
+                     bands, band_rows, xt, v, mm, yt):
+    """``y[n] = conv(x[n]) + bias`` for the units ``first <= n < stop`` (samples, or where
+    ``bands`` > 1 bands of ``band_rows`` tile rows of them) with the transformed kernel ``u``
+    (``u[k]`` ``[out, in]`` where ``u_trans``, else ``[in, out]``): a group's (or a band's)
+    copies, its blocks' transforms and GEMMs, and its outputs' copies, in one call (``gemm``:
+    ``cblas.sgemm``'s)."""
     channels, out = x.shape[1], y.shape[1]
-    tiles = -(-y.shape[2] // m) * tiles_w
+    tiles_h = -(-y.shape[2] // m)
     trans = TRANS if u_trans else NO_TRANS
-    for head in range(first, stop, group):
-        samples = min(group, stop - head)
+    for unit in range(first, stop, group):
+        head, first_row, tiles = _band(unit, bands, band_rows, tiles_h, tiles_w)
+        samples = min(group, stop - unit)
         for j in range(samples):
-            to_channels_last(x[head + j], xt[j], pad)
+            to_channels_last(x[head + j], xt[j], pad, m * first_row)
         if group > 1:
             v[:, samples * tiles:] = 0      # a missing sample's rows
         for start in range(0, tiles if group == 1 else 1, block):
@@ -268,22 +285,23 @@ def convolve_samples(gemm, x, first, stop, u, u_trans, bias, y, pad, group, bloc
                 count = tiles if group > 1 else rows
                 untile(mm, j * tiles, start, count, tiles_w, m, yt[j])
         for j in range(samples):
-            from_channels_last(yt[j], y[head + j], bias)
+            from_channels_last(yt[j], y[head + j], bias, m * first_row)
 
 
 @njit(cache=True, nogil=True)
-def weight_sums(gemm, x, dy, first, stop, mw, pad, group, block, tiles_w, m, xt, v, turned,
-                dyt):
-    """``mw[k] = sum of Y[k]^T @ V[k]`` (``[O, C]``) over the tiles of samples ``first <= n <
-    stop``, in sample and block order (``mw`` overwritten)."""
+def weight_sums(gemm, x, dy, first, stop, mw, pad, group, block, tiles_w, m, bands, band_rows,
+                xt, v, turned, dyt):
+    """``mw[k] = sum of Y[k]^T @ V[k]`` (``[O, C]``) over the tiles of the units ``first <= n <
+    stop`` (as ``convolve_samples``'), in unit and block order (``mw`` overwritten)."""
     out, channels = mw.shape[1], mw.shape[2]
-    tiles = -(-dy.shape[2] // m) * tiles_w
+    tiles_h = -(-dy.shape[2] // m)
     beta = 0.0
-    for head in range(first, stop, group):
-        samples = min(group, stop - head)
+    for unit in range(first, stop, group):
+        head, first_row, tiles = _band(unit, bands, band_rows, tiles_h, tiles_w)
+        samples = min(group, stop - unit)
         for j in range(samples):
-            to_channels_last(x[head + j], xt[j], pad)
-            to_channels_last(dy[head + j], dyt[j], 0)
+            to_channels_last(x[head + j], xt[j], pad, m * first_row)
+            to_channels_last(dy[head + j], dyt[j], 0, m * first_row)
         for start in range(0, tiles if group == 1 else 1, block):
             rows = samples * tiles if group > 1 else min(block, tiles - start)
             for j in range(samples):
