@@ -134,6 +134,29 @@ def test_matches_the_definition(n, c, o, height, width, pad, m, slots, with_bias
         np.testing.assert_allclose(db, want_db, rtol=1e-5, atol=1e-5 * terms)
 
 
+def assert_split_is_whole(x, weight, dy, library, splits, dw_atol=1e-3):
+    """The step split at each ``(cuts, threads)`` of ``splits`` (``threads`` None: all of
+    them) against the whole step on ``library``: forward and input gradient bit for bit where
+    the library keeps a row's bits (else to rounding), the weight gradient within ``dw_atol``."""
+    chosen, threads = mkl.chosen(), numba.get_num_threads()
+    try:
+        mkl.use(library)
+        whole = run(x, weight, None, dy, 1, 3)
+        for cuts, count in splits:
+            numba.set_num_threads(count or threads)
+            parts = [run(x[a:b], weight, None, dy[a:b], 1, 3, batch=x.shape[0])
+                     for a, b in zip(cuts, cuts[1:])]
+            for i, what in ((0, "forward"), (1, "input gradient")):
+                assert_bits_or_rounding(np.concatenate([p[i] for p in parts]), whole[i],
+                                        f"{what}, cuts {cuts}, {count} threads", library,
+                                        small=True)
+            np.testing.assert_allclose(sum(p[2] for p in parts), whole[2], rtol=1e-3,
+                                       atol=dw_atol)
+    finally:
+        numba.set_num_threads(threads)
+        mkl.use(chosen)
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.integers(1, 3), st.integers(1, 9), st.integers(1, 9), st.integers(5, 22),
        st.integers(1, 19), st.integers(0, 2), st.sampled_from([2, 4]), st.integers(1, 3),
@@ -185,23 +208,8 @@ def test_a_samples_bands_do_not_depend_on_the_chunk_or_the_threads(tiles, librar
     dy = rng.standard_normal((n, o, h, h)).astype(np.float32)
     layout = winograd._layouts(x.shape, weight.shape, 1)[0]
     assert (layout.band_rows, layout.bands, layout.group) == (1, 6, 1)
-    chosen, threads = mkl.chosen(), numba.get_num_threads()
-    try:
-        mkl.use(library)
-        whole = run(x, weight, None, dy, 1, 3)
-        for cuts, count in (((0, 1, 5), threads), ((0, 2, 3, 5), 1)):
-            numba.set_num_threads(count)
-            parts = [run(x[a:b], weight, None, dy[a:b], 1, 3, batch=n)
-                     for a, b in zip(cuts, cuts[1:])]
-            for i, what in ((0, "forward"), (1, "input gradient")):
-                assert_bits_or_rounding(np.concatenate([p[i] for p in parts]), whole[i],
-                                        f"{what}, cuts {cuts}, {count} threads", library,
-                                        small=True)
-            np.testing.assert_allclose(sum(p[2] for p in parts), whole[2], rtol=1e-3,
-                                       atol=1e-3 * np.abs(whole[2]).max())
-    finally:
-        mkl.use(chosen)
-        numba.set_num_threads(threads)
+    assert_split_is_whole(x, weight, dy, library, (((0, 1, 5), None), ((0, 2, 3, 5), 1)),
+                          dw_atol=1e-3 * np.abs(run(x, weight, None, dy, 1, 3)[2]).max())
 
 
 def test_a_plane_too_large_for_one_worker_goes_in_bands():
@@ -269,23 +277,8 @@ def test_a_samples_results_do_not_depend_on_the_chunk_or_the_threads(tiles, libr
     x = rng.standard_normal((n, c, h, h)).astype(np.float32)
     weight = rng.standard_normal((o, c, 3, 3)).astype(np.float32)
     dy = rng.standard_normal((n, o, h, h)).astype(np.float32)
-    chosen, threads = mkl.chosen(), numba.get_num_threads()
-    try:
-        mkl.use(library)
-        whole = run(x, weight, None, dy, 1, 3)
-        for cuts, count in (((0, 1, 4, 9), threads), ((0, 3, 5, 9), 1), ((0, 8, 9), threads)):
-            numba.set_num_threads(count)
-            parts = [run(x[a:b], weight, None, dy[a:b], 1, 3, batch=n)
-                     for a, b in zip(cuts, cuts[1:])]
-            for i, what in ((0, "forward"), (1, "input gradient")):
-                assert_bits_or_rounding(np.concatenate([p[i] for p in parts]), whole[i],
-                                        f"{what}, cuts {cuts}, {count} threads", library,
-                                        small=True)
-            np.testing.assert_allclose(sum(p[2] for p in parts), whole[2], rtol=1e-3,
-                                       atol=1e-3)
-    finally:
-        numba.set_num_threads(threads)
-        mkl.use(chosen)
+    assert_split_is_whole(x, weight, dy, library,
+                          (((0, 1, 4, 9), None), ((0, 3, 5, 9), 1), ((0, 8, 9), None)))
 
 
 def test_groups_and_blocks():

@@ -164,9 +164,16 @@ def test_stride2_rows_kernel_is_the_per_output_kernel_bit_for_bit(h, w, k, s, p,
     pl.max_pool_forward_cpu(x, y_ref, arg_ref, geom)
     monkeypatch.setattr(pl, "max_pool_forward_cpu", None)    # the stride-2 kernel, or a failure
     monkeypatch.setattr(pl.pooling_planes, "applies", lambda *shapes: False)
+    assert_forward_is(x, y, arg, y_ref, arg_ref, k, s, p, ceil)
+
+
+def assert_forward_is(x, y, arg, y_ref, arg_ref, k, s, p, ceil):
+    """``max_pool_forward`` into ``y`` and ``arg``: the reference kernel's ``y_ref`` and
+    ``arg_ref`` on ``x`` bit for bit (NaN where NaN), and the naive definition's where the NaNs
+    are replaced."""
     pl.max_pool_forward(x, y, arg, k, s, p)
     np.testing.assert_array_equal(arg, arg_ref)
-    np.testing.assert_array_equal(y, y_ref)                   # NaN where NaN
+    np.testing.assert_array_equal(y, y_ref)
     clean = np.nan_to_num(x, nan=-1.0)
     y_naive, arg_naive = naive_max(clean, k, s, p, ceil)
     pl.max_pool_forward(clean, y, arg, k, s, p)
@@ -223,14 +230,7 @@ def test_planes_kernel_is_the_per_output_kernel_bit_for_bit(h, w, k, s, p, ceil,
     monkeypatch.setattr(pl, "max_pool_forward_cpu", None)    # the two passes, or a failure
     monkeypatch.setattr(pl, "max_pool_forward_rows_cpu", None)
     monkeypatch.setattr(pl, "max_pool_forward_stride2_cpu", None)
-    pl.max_pool_forward(x, y, arg, k, s, p)
-    np.testing.assert_array_equal(arg, arg_ref)
-    np.testing.assert_array_equal(y, y_ref)                   # NaN where NaN
-    clean = np.nan_to_num(x, nan=-1.0)
-    y_naive, arg_naive = naive_max(clean, k, s, p, ceil)
-    pl.max_pool_forward(clean, y, arg, k, s, p)
-    np.testing.assert_array_equal(arg, arg_naive)
-    np.testing.assert_array_equal(y, y_naive)
+    assert_forward_is(x, y, arg, y_ref, arg_ref, k, s, p, ceil)
 
 
 @settings(max_examples=40, deadline=None)
