@@ -3,7 +3,7 @@ bytes.
 
     python scripts/bench_copy.py [--sizes 1MiB 16MiB 64MiB 256MiB] [--repeat 7]
     python scripts/bench_copy.py --iteration resnet50:224:8 [--pairs 16] [--pool-fraction 8]
-                                 [--switch help|streaming]
+                                 [--switch help|streaming|threads]
 
 Each copy is timed as the best of ``--repeat`` runs, interleaved with the baseline: ``numpy.copyto``
 between exactly the same two buffers (the host copy and the arena view), in the same process.
@@ -17,7 +17,8 @@ compute stream waits for (``event.wait(compute_stream)``, as a step waits for it
 (``policy: auto`` in 1/``--pool-fraction`` of LMS off's pool), iterations alternating help on
 and off, ``--pairs`` of each (in one process: this drift-prone VM's only fair comparison), with
 the stall each time; ``--switch streaming`` alternates the copies' streaming stores
-(``device/streaming.py``) with ``memcpy`` instead. The device's copies stream at
+(``device/streaming.py``) with ``memcpy`` instead, ``--switch threads`` the copy streams' threads
+with copies run where they are issued (``cpu_streams.COPY_THREADS``). The device's copies stream at
 ``streaming.STREAM_MIN`` bytes and more; the baseline's ``numpy.copyto`` does not. On a machine
 with a GPU, ``--device cuda`` measures pinned transfers instead (no baseline ratio: the link is the
 limit there).
@@ -84,6 +85,8 @@ SWITCHES = {  # --switch: (what is on, what is off, how to set it)
     "help": ("a waiting thread helps", "a wait only waits",
              lambda on: setattr(cpu_streams, "HELP_WHILE_WAITING", on)),
     "streaming": ("streaming stores", "memcpy", lambda on: setattr(streaming, "ENABLED", on)),
+    "threads": ("copies on the copy threads", "copies where issued",
+                lambda on: setattr(cpu_streams, "COPY_THREADS", on)),
 }
 
 

@@ -2,6 +2,7 @@
 writing its home, a step for the copies of either stream it depends on, and nothing else waits;
 training with a slow d2h stream still gives LMS off's weights, bit for bit (and would not, were
 the loads not ordered after the swap-outs)."""
+import threading
 import time
 
 import numpy as np
@@ -142,4 +143,22 @@ def test_copies_in_pieces_that_a_waiting_thread_shares_give_the_weights_of_lms_o
     batches, expected, capacity = lms_off_and_least_pool()
     _, got = run_lms(DAG, batches, solver, capacity)
     assert len(split) > 10 and max(split) > 1
+    assert_identical(got, expected)
+
+
+def test_copies_run_where_issued_give_the_weights_of_lms_off(monkeypatch):
+    """``cpu_streams.COPY_THREADS`` off: every copy runs in the thread that issues it (none on a
+    copy stream's thread, none in pieces), and training gives LMS off's weights, bit for bit."""
+    from minilms.device import cpu_streams, streaming
+    monkeypatch.setattr(cpu_streams, "COPY_THREADS", False)
+    threads, real_copy = set(), streaming.copy
+
+    def copy(dst, src):
+        threads.add(threading.current_thread().name)
+        real_copy(dst, src)
+    monkeypatch.setattr(streaming, "copy", copy)
+    monkeypatch.setattr(cpu_streams, "SplitCopy", None)     # a copy in pieces would fail here
+    batches, expected, capacity = lms_off_and_least_pool()
+    _, got = run_lms(DAG, batches, solver, capacity)
+    assert threads == {threading.current_thread().name}
     assert_identical(got, expected)

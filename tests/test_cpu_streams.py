@@ -118,3 +118,28 @@ def test_which_copies_go_in_pieces(monkeypatch):
     assert not cpu_streams.splits(grid[:, :5], np.ones((8, 5), np.uint8))   # not contiguous
     monkeypatch.setattr(cpu_streams, "HELP_WHILE_WAITING", False)
     assert not cpu_streams.splits(a, b)
+
+
+def test_without_copy_threads_a_copy_stream_runs_its_work_in_order_where_submitted(monkeypatch):
+    """``COPY_THREADS`` off: what a copy stream's thread still holds runs first, then the new
+    work, in the submitting thread; its event is complete at once; a failure surfaces there."""
+    landed = []
+    with make_device("cpu", 1 << 12) as device:
+        stream = device.h2d_stream
+        gate = threading.Event()
+        stream.submit(lambda: (gate.wait(10),
+                               landed.append(("queued", threading.current_thread()))))
+        monkeypatch.setattr(cpu_streams, "COPY_THREADS", False)
+        gate.set()
+        stream.submit(lambda: landed.append(("inline", threading.current_thread())))
+        assert [name for name, _ in landed] == ["queued", "inline"]
+        assert landed[0][1] is not threading.current_thread()
+        assert landed[1][1] is threading.current_thread()
+        done = device.event()
+        done.record(stream)
+        assert done.query()
+        assert not cpu_streams.splits(np.zeros(1 << 24, np.uint8), np.ones(1 << 24, np.uint8))
+        with pytest.raises(RuntimeError, match="h2d stream failed"):
+            stream.submit(lambda: 1 / 0)
+        stream.submit(lambda: landed.append(("after", threading.current_thread())))
+        assert landed[-1][0] == "after"

@@ -30,14 +30,15 @@ def test_bench_copy_prints_ratios_against_copyto(capsys):
 
 
 @pytest.mark.parametrize("switch,named", [("help", "a waiting thread helps"),
-                                          ("streaming", "streaming stores")])
+                                          ("streaming", "streaming stores"),
+                                          ("threads", "copies on the copy threads")])
 def test_bench_copy_iteration_alternates_the_switch_and_sets_it_back(capsys, switch, named):
     from minilms.device import cpu_streams, streaming
     assert run_script("bench_copy.py", "--iteration", "resnet18:32:2", "--pairs", "1",
                       "--switch", switch) == 0
     out = capsys.readouterr().out
     assert f"{named}: " in out and "median of the pairs' ratios" in out
-    assert streaming.ENABLED and cpu_streams.HELP_WHILE_WAITING
+    assert streaming.ENABLED and cpu_streams.HELP_WHILE_WAITING and cpu_streams.COPY_THREADS
 
 
 def test_bench_copy_bad_size_exits_2(capsys):

@@ -15,6 +15,12 @@ of more than ``SPLIT`` bytes goes in pieces that any thread may claim, and the c
 when all are). Two threads copy a large block faster than one where memory, not a core, bounds
 one thread's copy, as on the machines measured (docs/benchmarks.md). Each piece, as each whole
 copy, goes through ``streaming.copy``.
+
+``COPY_THREADS`` off runs each copy stream's work at once in the thread that submits it, as the
+compute stream's: a valid order of the same work (CUDA's ``CUDA_LAUNCH_BLOCKING``), where no
+copy overlaps a kernel and none takes a core from one. On two cores it measured within a few
+percent of the threads either way, net by net (``scripts/bench_copy.py --switch threads``,
+docs/benchmarks.md): the threads stay the default.
 """
 import collections
 import threading
@@ -24,9 +30,11 @@ import numpy as np
 from .. import events
 from . import streaming
 
-__all__ = ["HELP_WHILE_WAITING", "SPLIT", "CpuStream", "CpuEvent", "SplitCopy", "splits"]
+__all__ = ["COPY_THREADS", "HELP_WHILE_WAITING", "SPLIT", "CpuStream", "CpuEvent", "SplitCopy",
+           "splits"]
 
 HELP_WHILE_WAITING = True    # False: a wait only waits and copies go whole (the benchmark's A/B)
+COPY_THREADS = True          # False: copy streams run their work where it is submitted (the same)
 SPLIT = 1 << 20          # bytes: larger copies go in pieces of this size (each streamed:
 #                          ``streaming``; before the pieces streamed, a copy of over 64 MiB went
 #                          whole, where memcpy's own non-temporal path ran faster than pieces)
@@ -34,8 +42,9 @@ HELP_WAIT_SECONDS = 2e-4  # between looks for work to help with, while a wait ha
 
 
 def splits(dst: np.ndarray, src: np.ndarray) -> bool:
-    """Whether a copy goes in pieces (``SplitCopy``) rather than whole."""
-    return HELP_WHILE_WAITING and SPLIT < dst.nbytes and \
+    """Whether a copy goes in pieces (``SplitCopy``) rather than whole: only where another
+    thread may share them."""
+    return HELP_WHILE_WAITING and COPY_THREADS and SPLIT < dst.nbytes and \
         dst.flags.c_contiguous and src.flags.c_contiguous
 
 
@@ -113,6 +122,11 @@ class CpuStream:
         self._raise_pending()
         if not self.threaded:
             work()
+            return
+        if not COPY_THREADS:          # here and now, after what the thread still has (in order)
+            self.synchronize()
+            self._run(work)
+            self._raise_pending()
             return
         with self._changed:
             self._items.append(work)
