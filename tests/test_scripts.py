@@ -100,3 +100,19 @@ def test_launch_count_smoke(capsys):
     assert len(rows) == 2 and "syncs:" in out
     (before_2, after_2), (before_4, after_4) = [(int(r[4]), int(r[5])) for r in rows]
     assert before_4 > before_2 > after_2 == after_4
+
+
+def test_bench_lms_cost_takes_lms_on_apart(capsys):
+    assert run_script("bench_lms_cost.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    moved = re.search(r"moved an iteration: ([\d.]+ \w+) in, ([\d.]+ \w+) out", out)
+    assert moved and "actions an iteration:" in out
+    assert re.search(r"LMS on\s+iteration\s+[\d.]+ ms\s+steps\s+[\d.]+ ms\s+copies", out)
+    assert "LMS on over LMS off:" in out
+    from minilms.device import cpu_streams, streaming
+    assert cpu_streams.COPY_THREADS and streaming.copy.__module__ == streaming.__name__
+
+
+def test_bench_lms_cost_bad_pairs_exits_2(capsys):
+    assert run_script("bench_lms_cost.py", "--pairs", "0") == 2
+    assert "--pool-fraction and --pairs: expected at least 1" in capsys.readouterr().err
