@@ -98,7 +98,7 @@ def main(argv=None) -> int:
 
     from bench_fullsize import build, parse_case
     from bench_windows import path_switch, print_training
-    cases = [parse_case(text) for text in args.models]
+    cases = [parse_case(text, "bench_bands: --models") for text in args.models]
     if args.smoke:
         cases = [{"model": "resnet50", "size": 112, "batch": 2, "width": 2, "classes": 10}]
         args.pairs, args.rounds = 1, 1

@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     if not mkl.available():
         print("bench_blas: skipped, MKL is not installed here (pip install -e \".[mkl]\")")
         return 0
-    cases = [parse_case(text) for text in args.models]
+    cases = [parse_case(text, "bench_blas: --models") for text in args.models]
     if args.smoke:
         cases = [{"model": "resnet50", "size": 32, "batch": 2, "width": 16, "classes": 10}]
         args.pairs, args.seconds = 1, 0.05

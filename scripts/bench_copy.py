@@ -97,7 +97,7 @@ def iteration(case: str, pairs: int, fraction: int, switch: str = "help") -> int
 
     from minilms.lms import LmsExecutor, Policy, least_pool, resident_bytes
     from minilms.solver import SGD
-    net, inputs = build(parse_case(case), np)
+    net, inputs = build(parse_case(case, "bench_copy: --iteration"), np)
     steps = net.schedule(("momentum",))
     policy = Policy(policy="auto")
     pool = max(resident_bytes(net, steps) // fraction, least_pool(net, steps, policy))

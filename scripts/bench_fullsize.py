@@ -289,12 +289,14 @@ def torch_python(args):
     return None, f"{python} has torch, but minilms does not import there ({last}): pip install -e ."
 
 
-def parse_case(text):
+def parse_case(text, where: str = "bench_fullsize: --cases"):
+    """``model:size:batch`` as a case; bad input exits 2 with ``where`` (the script and flag)."""
     try:
         model, size, batch = text.split(":")
         return {"model": model, "size": int(size), "batch": int(batch)}
     except ValueError:
-        sys.exit(f"bench_fullsize: --cases: expected model:size:batch, found {text!r}")
+        print(f"{where}: expected model:size:batch, found {text!r}", file=sys.stderr)
+        sys.exit(2)
 
 
 def big_case(args, threads):

@@ -153,7 +153,7 @@ def main(argv=None) -> int:
         return 2
     import minilms  # noqa: F401, I001  (first: its thread settings before numpy loads OpenBLAS)
     from bench_fullsize import parse_case
-    case = parse_case("resnet18:32:2" if args.smoke else args.case)
+    case = parse_case("resnet18:32:2" if args.smoke else args.case, "bench_lms_cost: --case")
     if args.smoke:
         case["width"], case["classes"], args.pairs = 4, 10, 1      # a quarter of the channels
     off, on, inputs = executors(case, args.pool_fraction)

@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from bench_fullsize import build, parse_case
-    cases = [parse_case(text) for text in args.models]
+    cases = [parse_case(text, "bench_pooling: --models") for text in args.models]
     if args.smoke:
         cases = [{"model": "googlenet", "size": 64, "batch": 2, "width": 0.25, "classes": 10}]
         args.pairs, args.rounds = 1, 1

@@ -134,7 +134,7 @@ def main(argv=None) -> int:
 
     from bench_fullsize import build, parse_case
     from bench_windows import path_switch, print_training
-    cases = [parse_case(text) for text in args.models]
+    cases = [parse_case(text, "bench_winograd: --models") for text in args.models]
     if args.smoke:
         cases = [{"model": "resnet50", "size": 64, "batch": 2, "width": 16, "classes": 10}]
         args.pairs, args.rounds = 1, 1

@@ -116,3 +116,13 @@ def test_bench_lms_cost_takes_lms_on_apart(capsys):
 def test_bench_lms_cost_bad_pairs_exits_2(capsys):
     assert run_script("bench_lms_cost.py", "--pairs", "0") == 2
     assert "--pool-fraction and --pairs: expected at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script,flag", [("bench_fullsize.py", "--cases"),
+                                         ("bench_lms_cost.py", "--case"),
+                                         ("bench_copy.py", "--iteration"),
+                                         ("bench_windows.py", "--models")])
+def test_a_bad_case_exits_2_naming_the_flag(capsys, script, flag):
+    assert run_script(script, flag, "resnet50:224") == 2
+    assert capsys.readouterr().err.strip() == (f"{script[:-3]}: {flag}: expected "
+                                               "model:size:batch, found 'resnet50:224'")
