@@ -73,14 +73,6 @@ def time_layers(shapes, rounds, cold):
     from minilms.kernels.im2col import conv_out_size
     rng = np.random.default_rng(0)
     flush = np.ones(400 * 2**20 // 4, np.float32) if cold else None
-
-    def flushed(call):
-        def run():
-            flush[::16] += 1        # every cache line of 400 MiB, before the timed call
-            began = time.perf_counter()
-            call()
-            return time.perf_counter() - began
-        return run
     print(f"{'layer':12} {'input':>16} {'weight':>16} {'pass':8} {'slots':>5} {'per sample':>10} "
           f"{'in slots':>8} {'ratio':>6}  taken  (ms, median of alternating calls, "
           f"{'cold' if cold else 'hot'})")
@@ -99,13 +91,31 @@ def time_layers(shapes, rounds, cold):
         dy = rng.standard_normal((x_shape[0], w_shape[0], out_h, out_w), dtype=np.float32)
         for label, pair in calls(x, weight, dy, geometry, slots).items():
             if cold:
-                per_sample, in_slots = _alternate_timed([flushed(c) for c in pair], rounds)
+                per_sample, in_slots = _alternate_timed([flushed(c, flush) for c in pair],
+                                                         rounds)
             else:
                 per_sample, in_slots = alternate(pair, rounds)
             print(f"{name:12} {'x'.join(map(str, x_shape)):>16} "
                   f"{'x'.join(map(str, w_shape)):>16} {label:8} {slots:5d} "
                   f"{per_sample * 1e3:10.2f} {in_slots * 1e3:8.2f} {per_sample / in_slots:5.2f}x"
                   f"  {'yes' if taken else 'no'}")
+
+
+def timed(call):
+    """``call`` as a run that returns its own seconds (``_alternate_timed``'s kind)."""
+    def run():
+        began = time.perf_counter()
+        call()
+        return time.perf_counter() - began
+    return run
+
+
+def flushed(call, flush):
+    """``timed(call)``, every cache line of ``flush`` (400 MiB) written before each call."""
+    def run():
+        flush[::16] += 1
+        return timed(call)()
+    return run
 
 
 def _alternate_timed(runs, rounds):

@@ -186,6 +186,18 @@ def test_bench_slotted_smoke(capsys):
     assert re.search(r"^resnet50 64 b2 +0 +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
 
 
+def test_bench_pointwise_smoke(capsys):
+    """A row per 1x1 layer shape that goes sample by sample: both ways' ms and the same bits;
+    then a row per net, the switch alternating, with those layers' share (numbers never
+    asserted)."""
+    assert run_script("bench_pointwise.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^res2b_1 +2x256x28x28 +64x256x1x1 +[\d.]+ +[\d.]+ +[\d.]+x +yes$", out,
+                     re.M), out
+    assert re.search(r"^resnet50 112 b2 +3 +[\d.]+ +[\d.]+ +[\d.]+x +[1-9][\d.]* +[1-9][\d.]*$",
+                     out, re.M), out
+
+
 def test_bench_winograd_smoke(capsys):
     """A row per 3x3 stride-1 layer shape and pass: each path's ms, the rule's m, its ratio to
     the best other path, the engine's choice and the forward's error; then a row per net,

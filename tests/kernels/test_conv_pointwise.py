@@ -2,11 +2,13 @@
 input gradient, weight and bias gradients, at stride 1 and 2, with short and long planes (the
 ways dW's GEMMs run: side by side or per sample; the forward and input gradient per sample or in
 ``kernels.slotted``'s fixed-width products) and chunks smaller than the batch; a sample's outputs
-whatever the chunking; and the layer's ``auto`` engine takes it for 1x1 convolutions."""
+whatever the chunking; both gradients sample by sample as the two passes give them; and the
+layer's ``auto`` engine takes it for 1x1 convolutions."""
+import numba
 import numpy as np
 import pytest
 
-from minilms.kernels import conv_cpu, mkl, slotted
+from minilms.kernels import blas_threads, conv_cpu, mkl, slotted
 from minilms.kernels.direct import pointwise
 from minilms.layers.convolution import Convolution
 from minilms.layers.run import LayerRun
@@ -114,6 +116,58 @@ def test_a_samples_forward_and_input_gradient_do_not_depend_on_the_chunking(libr
                 assert_bits_or_rounding(dx_k, dx, f"dx, {slots} slots, {k}", library)
     finally:
         mkl.use(before)
+
+
+@pytest.mark.parametrize("samples", [4, 3])      # runs of 2 and 2; of 1 and 2
+def test_both_gradients_by_sample_are_the_two_passes_bit_for_bit(monkeypatch, samples):
+    """``backward`` on a long unstrided plane takes a sample's two products one after the other
+    (``both_by_sample``); the bits are those of ``input_grad`` then ``weight_grad`` (dW's of an
+    odd batch where the BLAS keeps a product's bits in pieces), and the definition's to float32
+    rounding. Two threads whatever the machine has, so the path is taken."""
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
+    rng = np.random.default_rng(samples)
+    c, o, h = 128, 96, 30          # a product of 2 * 96 * 900 * 128 FLOPs: over MIN_FLOPS
+    x = rng.standard_normal((samples, c, h, h)).astype(np.float32)
+    weight = rng.standard_normal((o, c, 1, 1)).astype(np.float32)
+    dy = rng.standard_normal((samples, o, h, h)).astype(np.float32)
+    geometry = ((1, 1), (1, 1), (0, 0), (1, 1))
+    assert 2.0 * o * h * h * c >= blas_threads.MIN_FLOPS
+    assert pointwise.by_sample(dy, weight, geometry, 1)
+    work = np.empty(1, np.float32)        # a long unstrided plane needs no workspace
+    got = {}
+    for by_sample in (True, False):
+        monkeypatch.setattr(pointwise, "BY_SAMPLE", by_sample)
+        dx, dw, db = np.full_like(x, np.nan), np.full_like(weight, np.nan), np.full(o, np.nan,
+                                                                                   np.float32)
+        pointwise.backward(x, dy, weight, dx, dw, db, work, samples, geometry)
+        got[by_sample] = dx, dw, db
+    np.testing.assert_array_equal(got[True][0], got[False][0])
+    np.testing.assert_array_equal(got[True][2], got[False][2])
+    if samples % 2 == 0:
+        np.testing.assert_array_equal(got[True][1], got[False][1])
+    else:     # the two passes cut the last sample's dW product in two (``blas_threads.parts``)
+        assert_bits_or_rounding(got[True][1], got[False][1], "dW, an odd batch")
+    _, want_dx, want_dw, want_db = reference(x, weight, None, dy, 1)
+    dx, dw, db = got[True]
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-5, atol=1e-5 * np.sqrt(o))
+    np.testing.assert_allclose(dw, want_dw, rtol=1e-5, atol=1e-5 * np.sqrt(samples * h * h))
+    np.testing.assert_allclose(db, want_db, rtol=1e-5, atol=1e-5 * np.sqrt(samples * h * h))
+
+
+def test_by_sample_only_where_the_two_passes_run_whole_products_per_thread(monkeypatch):
+    """Stride 2, a short plane, slots, fewer samples than threads, or a small product: the two
+    passes."""
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
+    weight = np.empty((96, 128, 1, 1), np.float32)
+    one = ((1, 1), (1, 1), (0, 0), (1, 1))
+    assert pointwise.by_sample(np.empty((2, 96, 30, 30), np.float32), weight, one, 1)
+    assert not pointwise.by_sample(np.empty((2, 96, 30, 30), np.float32), weight,
+                                    ((1, 1), (2, 2), (0, 0), (1, 1)), 1)
+    assert not pointwise.by_sample(np.empty((2, 96, 15, 15), np.float32), weight, one, 1)
+    assert not pointwise.by_sample(np.empty((2, 96, 30, 30), np.float32), weight, one, 2)
+    assert not pointwise.by_sample(np.empty((1, 96, 30, 30), np.float32), weight, one, 1)
+    assert not pointwise.by_sample(np.empty((2, 96, 30, 30), np.float32),
+                                    np.empty((96, 8, 1, 1), np.float32), one, 1)
 
 
 @pytest.mark.parametrize("h, w, sh, sw", [(9, 7, 2, 2), (8, 8, 2, 2), (10, 11, 3, 2),

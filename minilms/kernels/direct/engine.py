@@ -149,11 +149,8 @@ class DirectConvolution:
         if not self._applies(dy):
             return dx, dweight, dbias
         if self.pointwise:
-            if dx is not None:
-                pointwise.input_grad(dy, weight, dx, work, self.chunk, self.geometry,
-                                     self.slots)
-            if dweight is not None or dbias is not None:
-                pointwise.weight_grad(x, dy, dweight, dbias, work, self.chunk, self.geometry)
+            pointwise.backward(x, dy, weight, dx, dweight, dbias, work, self.chunk,
+                               self.geometry, self.slots)
             return None, None, None
         if self.winograd_slots:
             winograd.backward(x, dy, weight, dx, dweight, dbias, work, self.winograd_slots,

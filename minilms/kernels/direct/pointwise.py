@@ -16,6 +16,14 @@ weight as ``W [O, C]``::
                                           (``[O, k * P] @ [C, k * P]^T``)
     dbias = sum over n, p of dy[n, :, p]  ``weight_grad.bias_grad``
 
+``backward`` computes both gradients, and where a sample's plane is long and unstrided
+(``by_sample``) it takes them sample by sample (``both_by_sample``): each core takes its run of
+samples and, for each, ``dx[n]`` and then ``dy[n] @ x[n]^T`` while ``dy[n]`` is still in the
+cache, where the two passes over the whole batch read ``dy`` from memory twice. The same products,
+each whole on one thread, summed in the same order: the two passes' bits (where the batch is not
+a multiple of the threads, the two passes cut the last sample's dW product in pieces, and a BLAS
+that does not keep a product's bits in pieces gives it other roundings there).
+
 Nothing is copied where the stride is 1 and P is long: the direct kernels and im2col + GEMM both
 stream a copy of ``x`` or ``dy`` that a 1x1 convolution does not need. A strided input's sub-grid
 is gathered into the workspace first, ``chunk`` samples at a time.
@@ -24,14 +32,16 @@ Deterministic: the same shapes take the same calls in the same order; equal to i
 to float32 rounding (the tests compare them).
 """
 import numba
+import numpy as np
 from numba import njit, prange
 
-from .. import slotted
+from .. import blas_threads, mkl, slotted
 from ..blas_threads import matmul
 from ..slotted import side_by_side
 from .weight_grad import bias_grad
 
-__all__ = ["applies", "workspace_elements", "forward", "input_grad", "weight_grad"]
+__all__ = ["applies", "workspace_elements", "forward", "input_grad", "weight_grad", "backward",
+           "by_sample", "both_by_sample", "BY_SAMPLE"]
 
 # A sample's columns per GEMM below which dW's GEMMs run over a chunk's columns side by side:
 # a GEMM with a short inner dimension is far from the machine's rate (docs/benchmarks.md). Only
@@ -42,6 +52,7 @@ __all__ = ["applies", "workspace_elements", "forward", "input_grad", "weight_gra
 # (tests/kernels/test_conv_pointwise.py checks it above ``blas_threads.MIN_FLOPS``). On the
 # shortest planes they now go side by side in ``kernels.slotted``'s fixed-width products.
 SHORT_PLANE = 256
+BY_SAMPLE = True    # False: ``backward`` always makes its two passes (the benchmark's A/B)
 
 
 def applies(weight_shape, geometry) -> bool:
@@ -188,6 +199,62 @@ def weight_grad(x, dy, dweight, dbias, work, chunk, geometry) -> None:
         side_by_side(dy3[n0:n1], dy_t)
         _gather_side_by_side(x, x_t, geometry, n0, n1)
         _accumulate(dy_t, x_t.T, dw, first=n0 == 0)
+
+
+def backward(x, dy, weight, dx, dweight, dbias, work, chunk, geometry, slots: int = 1) -> None:
+    """``dx``, ``dweight`` and ``dbias`` (each overwritten; any may be None): ``input_grad`` and
+    ``weight_grad``, or both gradients sample by sample where ``by_sample`` holds."""
+    if BY_SAMPLE and dx is not None and dweight is not None and \
+            by_sample(dy, weight, geometry, slots):
+        both_by_sample(x, dy, weight, dx, dweight)
+        dx = dweight = None
+    if dx is not None:
+        input_grad(dy, weight, dx, work, chunk, geometry, slots)
+    if dweight is not None or dbias is not None:
+        weight_grad(x, dy, dweight, dbias, work, chunk, geometry)
+
+
+def by_sample(dy, weight, geometry, slots: int) -> bool:
+    """Where ``both_by_sample`` takes the two gradients: stride 1, a long plane, a product per
+    sample (no slots), a sample per core at least, each product large enough for a thread of
+    its own (``blas_threads.MIN_FLOPS``), and BLAS held to one thread meanwhile: the case where
+    the two passes run each product whole on one thread too."""
+    samples, out, plane = dy.shape[0], dy.shape[1], dy.shape[2] * dy.shape[3]
+    threads = numba.get_num_threads()
+    return (not _strided(geometry) and slots == 1 and plane >= SHORT_PLANE
+            and threads >= 2 and samples >= threads and bool(blas_threads.libraries())
+            and 2.0 * out * plane * weight.shape[1] >= blas_threads.MIN_FLOPS)
+
+
+def both_by_sample(x, dy, weight, dx, dweight) -> None:
+    """``dx`` and ``dweight`` (overwritten), a run of samples per core (``sample_runs``), each
+    sample's two products one after the other on its thread. dW's products are added in sample
+    order: the first run's into ``dweight`` as they come, the others' kept (a product each) and
+    added once every thread is done."""
+    samples, out, channels = dy.shape[0], dy.shape[1], x.shape[1]
+    wt = weight.reshape(out, channels).T
+    dy3, x3 = dy.reshape(samples, out, -1), x.reshape(samples, channels, -1)
+    dx3, dw = dx.reshape(samples, channels, -1), dweight.reshape(out, channels)
+    runs = blas_threads.sample_runs(samples, samples)
+    later = np.empty((samples - runs[0][1], out, channels), dw.dtype)
+    first_product = np.empty_like(dw)
+    dx_library = mkl.library_for(wt, dx3[0])
+    dw_library = mkl.library_for(dy3[0], dw)
+
+    def run(worker):
+        begin, end = runs[worker]
+        for n in range(begin, end):
+            mkl.product(wt, dy3[n], dx3[n], dx_library)
+            if n == 0:
+                mkl.product(dy3[n], x3[n].T, dw, dw_library)
+                continue
+            product = first_product if worker == 0 else later[n - runs[0][1]]
+            mkl.product(dy3[n], x3[n].T, product, dw_library)
+            if worker == 0:
+                np.add(dw, product, out=dw)
+    blas_threads.run_workers(run, len(runs))
+    for product in later:
+        dw += product
 
 
 def _accumulate(a, b, c, first: bool) -> None:
