@@ -15,10 +15,15 @@ than before; ``"all"`` folds it into a residual add too, whose backward then hol
 the mask beside its gradient and both input gradients, four blobs where the add and the ReLU held
 three and two: faster, and the least pool of a net whose largest step is such an add grows.
 ``Net(..., fuse=...)`` applies it after checking the listed layers as written; a config's
-``model.fuse`` (default ``auto``) sets it, through ``fusion_for``: with LMS off every blob stays
-resident for the whole iteration, so a step that holds one blob more costs no memory, and
-``auto`` there folds the adds' ReLUs too (``all``).
+``model.fuse`` (default ``auto``) sets it, through ``fusions_for`` and ``first_that_plans``: with
+LMS off every blob stays resident for the whole iteration, so a step that holds one blob more
+costs no memory, and ``auto`` there folds the adds' ReLUs too (``all``); with LMS on it folds them
+where the pool holds a plan of the net so fused, and only the batch norms' where it does not
+(the least pool is the unfused adds' net's: a pool between the two plans the latter).
 """
+from dataclasses import replace
+
+from .errors import PlanError
 from .layers.base import Layer
 
 CHOICES = ("auto", "all", "none")
@@ -35,13 +40,34 @@ def fusion_choice(fuse) -> str:
     return fuse
 
 
-def fusion_for(fuse, lms: bool) -> str:
-    """The fusion a net gets from a config's ``model.fuse`` (``fusion_choice``'s forms) and
-    whether LMS plans its steps (``lms.enabled``): ``auto`` is ``all`` with LMS off, where no
-    pool is to be fitted (ResNet-50 batch 8: 1.02x an iteration, docs/benchmarks.md, session 41),
-    and itself with LMS on."""
+def fusions_for(fuse, lms: bool) -> tuple[str, ...]:
+    """The fusions a net from a config's ``model.fuse`` (``fusion_choice``'s forms) may get, in
+    the order to try them (``first_that_plans``), given whether LMS plans its steps
+    (``lms.enabled``): ``auto`` is ``all`` with LMS off, where no pool is to be fitted
+    (ResNet-50 batch 8: 1.02x an iteration, docs/benchmarks.md, session 41), and with LMS on
+    ``all`` where the pool holds its plan, else ``auto`` (1.01-1.02x an iteration in an eighth of
+    LMS off's pool, sessions 41-44); any other choice is itself."""
     fuse = fusion_choice(fuse)
-    return "all" if fuse == "auto" and not lms else fuse
+    if fuse != "auto":
+        return (fuse,)
+    return ("all", "auto") if lms else ("all",)
+
+
+def first_that_plans(fusions, build, plan, policy):
+    """``(net, plan(net, policy))`` for the first of ``fusions`` (``fusions_for``'s) whose net
+    (``build(fuse)``) ``plan`` takes: a ``PlanError`` (no plan fits the pool) passes to the
+    next; the last one's is raised. Each but the last is planned with ``policy``'s steps unsplit
+    (``split: off``): a net fused further is worth taking where it fits as it is, not where its
+    steps must be split along the batch to fit (the last is planned with ``policy`` itself)."""
+    for i, fuse in enumerate(fusions):
+        last = i == len(fusions) - 1
+        net = build(fuse)
+        try:
+            return net, plan(net, policy if last else replace(policy, split="off"))
+        except PlanError:
+            if last:
+                raise
+    raise ValueError("first_that_plans: no fusion to try")
 
 
 def fusible_relu(layer: Layer) -> bool:

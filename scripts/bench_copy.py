@@ -93,15 +93,8 @@ SWITCHES = {  # --switch: (what is on, what is off, how to set it)
 def iteration(case: str, pairs: int, fraction: int, switch: str = "help") -> int:
     """LMS on, iterations alternating ``switch`` on and off (the docstring)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_fullsize import build, parse_case
-
-    from minilms.lms import LmsExecutor, Policy, least_pool, resident_bytes
-    from minilms.solver import SGD
-    net, inputs = build(parse_case(case, "bench_copy: --iteration"), np)
-    steps = net.schedule(("momentum",))
-    policy = Policy(policy="auto")
-    pool = max(resident_bytes(net, steps) // fraction, least_pool(net, steps, policy))
-    executor = LmsExecutor(net, make_device("cpu", pool), SGD(0.01, momentum=0.9), policy)
+    from bench_fullsize import parse_case, training
+    _, inputs, executor, pool, _ = training(parse_case(case, "bench_copy: --iteration"), fraction)
     named_on, named_off, turn_on = SWITCHES[switch]
     seconds, stalls = {True: [], False: []}, {True: [], False: []}
     for turn in tqdm(range(1 + pairs), desc="pairs", leave=False):   # the first warms up

@@ -75,17 +75,17 @@ def time_runs(step, iters, runs, warmup) -> float:
     return best
 
 
-def build(case, np):
+def build(case, np, fuse=None):
+    """``(net, inputs)``: the case's net, fused as ``fuse`` says (default: as a config's net is
+    first tried, ``fusion.fusions_for`` of the case's ``fuse`` and ``lms``), one random batch."""
     from minilms import zoo
-    from minilms.fusion import fusion_for
     from minilms.net import Net
     model, size, batch = case["model"], case["size"], case["batch"]
     classes = case.get("classes", 1000)
     layers = zoo.MODELS[model](num_classes=classes, width=case.get("width", 1))
-    # as a config's net: for the cpu device, model.fuse as LMS on or off takes it
     net = Net(layers, {"data": ((batch, 3, size, size), np.float32),
                        "label": ((batch,), np.int32)}, device_kind="cpu",
-              fuse=fusion_for(case.get("fuse", "auto"), case.get("lms", True)))
+              fuse=fuse or fusions(case)[0])
     rng = np.random.default_rng(0)
     inputs = {"data": rng.random((batch, 3, size, size), dtype=np.float32),
               "label": rng.integers(0, classes, batch).astype(np.int32)}
@@ -96,31 +96,48 @@ def minilms_setup(case):
     """``(step, report)``: one training iteration of minilms on ``case``, and what the row
     reports besides its time (``report()``, read when called: the peak so far)."""
     import minilms  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
-    import numpy as np
-
-    from minilms.device import make_device
-    from minilms.lms import LmsExecutor, Policy, least_pool, resident_bytes
-    from minilms.solver import SGD
     baseline = status_bytes("VmRSS")
-    net, inputs = build(case, np)
-    steps = net.schedule(("momentum",))
-    everything = resident_bytes(net, steps)
-    if case["lms"]:
-        policy = Policy(policy="auto")
-        pool = max(everything // case["fraction"], least_pool(net, steps, policy))
-    else:
-        policy, pool = Policy(enabled=False), everything + 2**20
-    device = make_device("cpu", pool)
-    began = time.perf_counter()
-    executor = LmsExecutor(net, device, SGD(0.01, momentum=0.9), policy)
-    plan_s = time.perf_counter() - began
+    net, inputs, executor, pool, everything = training(case, case["fraction"])
 
     def report():
         host = executor.host_memory(batches=1)      # the one batch this process holds
         return {"rss": status_bytes("VmHWM"), "baseline": baseline, "host": host.total,
-                "pool": pool, "resident": everything, "plan_s": plan_s,
+                "pool": pool, "resident": everything,
                 "flops": 3 * net_flops(net), "blas_spin_fixed": minilms.BLAS_SPIN_FIXED}
     return (lambda: executor.iterate(inputs)), report
+
+
+def fusions(case) -> tuple:
+    """The fusions a config's net of the case would try, in order (``fusion.fusions_for``)."""
+    from minilms.fusion import fusions_for
+    return fusions_for(case.get("fuse", "auto"), case.get("lms", True))
+
+
+def training(case, fraction: int):
+    """``(net, inputs, executor, pool, LMS off's pool)``, as a config's run makes them: LMS off
+    (``case["lms"]`` false) in the pool it needs; LMS on (``policy: auto``) in 1/``fraction`` of
+    that, at least the least pool, the net fused as the pool allows (``fusion.first_that_plans``);
+    SGD with momentum."""
+    import numpy as np
+
+    from minilms.device import make_device
+    from minilms.fusion import first_that_plans
+    from minilms.lms import LmsExecutor, Policy, least_pool, resident_bytes
+    from minilms.solver import SGD
+    tried = fusions(case)
+    net, inputs = build(case, np, tried[-1])      # the fusion whose least pool is least
+    steps = net.schedule(("momentum",))
+    everything = resident_bytes(net, steps)
+    if case.get("lms", True):
+        policy = Policy(policy="auto")
+        pool = max(everything // fraction, least_pool(net, steps, policy))
+    else:
+        policy, pool = Policy(enabled=False), everything + 2**20
+    device = make_device("cpu", pool)
+    net, executor = first_that_plans(
+        tried, lambda fuse: build(case, np, fuse)[0],
+        lambda net, policy: LmsExecutor(net, device, SGD(0.01, momentum=0.9), policy), policy)
+    return net, inputs, executor, pool, everything
 
 
 def net_flops(net) -> int:

@@ -31,25 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def executors(case, fraction):
-    """``(off, on, inputs)``: LMS off in the pool it needs, LMS on in 1/``fraction`` of it."""
-    import numpy as np
-    from bench_fullsize import build
-
-    from minilms.device import make_device
-    from minilms.lms import LmsExecutor, Policy, least_pool, resident_bytes
-    from minilms.solver import SGD
-    built = {}
-    for lms in (False, True):
-        net, inputs = build(dict(case, lms=lms), np)
-        steps = net.schedule(("momentum",))
-        everything = resident_bytes(net, steps)
-        if lms:
-            policy = Policy(policy="auto")
-            pool = max(everything // fraction, least_pool(net, steps, policy))
-        else:
-            policy, pool = Policy(enabled=False), everything + 2**20
-        built[lms] = LmsExecutor(net, make_device("cpu", pool), SGD(0.01, momentum=0.9), policy)
-    return built[False], built[True], inputs
+    """``(off, on, inputs)``: LMS off in the pool it needs, LMS on in 1/``fraction`` of it
+    (``bench_fullsize.training``)."""
+    from bench_fullsize import training
+    built = {lms: training(dict(case, lms=lms), fraction) for lms in (False, True)}
+    return built[False][2], built[True][2], built[True][1]
 
 
 def report_plan(plan) -> None:

@@ -7,14 +7,17 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from minilms import zoo
+from minilms.commands.plan import report
 from minilms.config import load_config
-from minilms.config.build import build_net
+from minilms.config.build import build_net, fusions, planned_net
 from minilms.device import make_device
-from minilms.errors import ConfigError
-from minilms.fusion import fusion_choice, fusion_for
+from minilms.errors import ConfigError, PlanError
+from minilms.fusion import first_that_plans, fusion_choice, fusions_for
 from minilms.lms import LmsExecutor, Policy, ResidentExecutor, cost, least_pool
+from minilms.lms.bounds import least_split_pool
 from minilms.lms.substeps import split_schedule
 from minilms.net import Net
+from minilms.sizes import format_bytes
 from minilms.solver import SGD
 
 from .devices import new_device
@@ -77,12 +80,88 @@ def test_auto_folds_only_where_no_step_then_holds_more():
         Net(layers, inputs, fuse="some")
 
 
-def test_fusion_for_a_config_makes_auto_all_with_lms_off_only():
-    assert [fusion_for("auto", lms) for lms in (True, False)] == ["auto", "all"]
+def test_fusions_for_a_config_make_auto_all_with_lms_off_and_all_then_auto_with_lms_on():
+    assert fusions_for("auto", False) == ("all",)
+    assert fusions_for("auto", True) == ("all", "auto")
     for fuse in ("all", "none", True, False, None):
-        assert fusion_for(fuse, False) == fusion_for(fuse, True) == fusion_choice(fuse)
+        assert fusions_for(fuse, False) == fusions_for(fuse, True) == (fusion_choice(fuse),)
     with pytest.raises(ValueError, match="fuse: expected one of"):
-        fusion_for("some", False)
+        fusions_for("some", False)
+
+
+def test_first_that_plans_passes_a_plan_error_to_the_next_and_raises_the_last():
+    tried = []
+
+    def plan(net, policy):
+        tried.append((net, policy.split))
+        if net.startswith("all"):
+            raise PlanError(f"{net}: no plan fits")
+        return f"plan of {net}"
+    policy = Policy(policy="auto")
+    assert first_that_plans(("all", "auto"), lambda fuse: fuse + " net", plan, policy) == \
+        ("auto net", "plan of auto net")
+    assert tried == [("all net", "off"), ("auto net", "auto")]   # the first with steps unsplit
+    assert first_that_plans(("none",), lambda fuse: fuse, plan, policy) == ("none",
+                                                                            "plan of none")
+    with pytest.raises(PlanError, match="all: no plan fits"):
+        first_that_plans(("all",), lambda fuse: fuse, plan, policy)
+
+    def broken(net, policy):     # anything but "no plan fits" is no reason to try another net
+        raise ValueError("a bug")
+    with pytest.raises(ValueError, match="a bug"):
+        first_that_plans(("all", "auto"), lambda fuse: fuse, broken, policy)
+
+
+def test_with_lms_on_auto_fuses_the_adds_relus_where_the_pool_holds_that_nets_plan(tmp_path):
+    """A net whose largest step is a residual add: fused with its ReLU, the add's backward holds
+    its top for the mask beside the three gradients, and the least pool grows. ``auto`` with LMS
+    on takes the fused net in a pool that holds its plan with its steps unsplit, the add and ReLU
+    as written in a pool between the two least pools (where the fused net would fit only split),
+    and no pool under the smaller one (split steps or not); both train as LMS off."""
+    config = tmp_path / "add.yaml"
+    config.write_text(
+        "model:\n  layers:\n"
+        "    - {name: c1, type: Convolution, bottom: data, top: a, num_output: 16,"
+        " kernel_size: 1}\n"
+        "    - {name: c2, type: Convolution, bottom: data, top: b, num_output: 16,"
+        " kernel_size: 1}\n"
+        "    - {name: add, type: Eltwise, bottom: [a, b], top: s}\n"
+        "    - {name: r, type: ReLU, bottom: s, top: s}\n"
+        "    - {name: pool, type: Pooling, bottom: s, top: p, pool: AVE, global_pooling: true}\n"
+        "    - {name: fc, type: InnerProduct, bottom: p, top: fc, num_output: 3}\n"
+        "    - {name: loss, type: SoftmaxWithLoss, bottom: [fc, label], top: loss}\n"
+        "data: {image_size: 32, channels: 1, batch_size: 2, num_classes: 3}\n"
+        "device: {kind: cpu}\n")
+    path, config = config, load_config(config)
+    assert fusions(config) == ("all", "auto")
+    least = {}
+    for fuse in fusions(config):
+        net = build_net(config, fuse=fuse)
+        least[fuse] = least_pool(net, net.schedule(("momentum",)),
+                                 Policy(policy="auto", split="off"))
+    assert least["auto"] < least["all"]
+    rng = np.random.default_rng(3)
+    inputs = {"data": rng.standard_normal((2, 1, 32, 32)).astype(np.float32),
+              "label": np.array([0, 2], np.int32)}
+    expected = train(ResidentExecutor(build_net(config, fuse="none"),
+                                      make_device("cpu", 64 * MiB), solver()), [inputs])
+    for pool, fused in ((least["all"], {"r": "add"}), (least["auto"], {})):
+        net, executor = planned_net(config, lambda net, policy: LmsExecutor(
+            net, make_device("cpu", pool), solver(), policy), Policy(policy="auto"))
+        assert net.fused == fused and executor.net is net
+        assert_identical(train(executor, [inputs]), expected)
+    for pool, kept in ((least["all"], False), (least["auto"], True)):   # and minilms.plan says so
+        out = report(load_config(path, [f"device.memory={pool}"]), summary=True)
+        assert f"least pool for LMS   {format_bytes(least['auto']):>12}" in out, out
+        assert ("note: model.fuse auto: the ReLUs after the adds stay layers of their own" in
+                out) == kept, out
+    unfused = build_net(config, fuse="auto")         # the least pool with steps split
+    floor = least_split_pool(unfused, unfused.schedule(("momentum",)), Policy(policy="auto"))
+    assert floor < least["auto"]
+    with pytest.raises(PlanError):
+        planned_net(config, lambda net, policy: LmsExecutor(net, make_device("cpu", floor - 256),
+                                                            solver(), policy),
+                    Policy(policy="auto"))
 
 
 def test_a_relu_folds_only_in_place_and_right_after_the_layer_that_made_its_blob():
@@ -117,7 +196,10 @@ def test_a_relu_folds_only_in_place_and_right_after_the_layer_that_made_its_blob
 def test_model_fuse_in_a_config_and_errors_name_the_listed_layer(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("model: {zoo: resnet18, options: {width: 16}}\ndata: {image_size: 32}\n")
-    fused = build_net(load_config(config)).fused             # auto: the batch norms' 9 ReLUs
+    # auto, LMS on: the adds' ReLUs too where the pool allows, the batch norms' 9 where not
+    assert fusions(load_config(config)) == ("all", "auto")
+    assert len(build_net(load_config(config)).fused) == 17
+    fused = build_net(load_config(config), fuse="auto").fused
     assert len(fused) == 9 and all(name.endswith("_bn") for name in fused.values())
     assert len(build_net(load_config(config, ["model.fuse=all"])).fused) == 17   # and 8 adds'
     assert build_net(load_config(config, ["model.fuse=none"])).fused == {}

@@ -15,7 +15,16 @@ the gradients its backward makes).
 import argparse
 from dataclasses import replace
 
-from ..config.build import build_net, cost_model, device_kind, lms_policy, load, planned_capacity
+from ..config.build import (
+    build_net,
+    cost_model,
+    device_kind,
+    fusions,
+    lms_policy,
+    load,
+    planned_capacity,
+    planned_net,
+)
 from ..device import parse_link
 from ..device.cpu import host_memory_info
 from ..errors import PlanError
@@ -119,30 +128,35 @@ def table(rows: list[tuple], split: bool = False, rerun: bool = False) -> str:
 
 
 def report(config, link=None, summary: bool = False, least_split: bool = False) -> str:
-    net = build_net(config)
-    steps = net.schedule(("momentum",) if config.solver.type == "sgd" and config.solver.momentum
-                         else ("exp_avg", "exp_avg_sq") if config.solver.type == "adam" else ())
-    everything = resident_bytes(net, steps)
+    states = ("momentum",) if config.solver.type == "sgd" and config.solver.momentum else \
+        ("exp_avg", "exp_avg_sq") if config.solver.type == "adam" else ()
+    fused = fusions(config)
+    least_net = build_net(config, fuse=fused[-1])     # the fusion whose least pool is least
+    least_steps = least_net.schedule(states)
+    everything = resident_bytes(least_net, least_steps)
     capacity = planned_capacity(config, need=everything)
     link = parse_link(link, "--link") if link is not None else parse_link(config.device.link)
     model = cost_model(config, link)
     policy = lms_policy(config)
-    inputs = ", ".join(f"{k} {list(v[0])}" for k, v in net.inputs.items())
-    out = [f"minilms plan: {config.name}: {len(net.layers)} layers, {len(steps)} steps, "
-           f"inputs {inputs}",
-           f"device {device_kind(config)}, pool {format_bytes(capacity)}; cost model "
-           f"{model.describe()}"]
-    least = least_pool(net, steps, replace(policy, split="off"))
+    least = least_pool(least_net, least_steps, replace(policy, split="off"))
     splits = policy.enabled and policy.max_chunks != 1
-    floor, floor_step = split_floor(net, steps, policy)
-    searched = least_split_pool(net, steps, policy) if splits and least_split else None
+    floor, floor_step = split_floor(least_net, least_steps, policy)
+    searched = least_split_pool(least_net, least_steps, policy) if splits and least_split else \
+        None
     try:
-        plan = plan_for(net, steps, capacity, policy, model)
+        net, plan = planned_net(config, lambda net, tried: plan_for(
+            net, net.schedule(states), capacity, tried, model), policy)
     except PlanError as error:
         split = "" if not splits else f", {format_bytes(searched)} with steps split" \
             if searched else f", at least {format_bytes(floor)} with steps split"
         raise PlanError(f"{error} (LMS needs at least {format_bytes(least)}{split}; LMS off "
                         f"{format_bytes(everything)})") from None
+    steps = net.schedule(states)
+    inputs = ", ".join(f"{k} {list(v[0])}" for k, v in net.inputs.items())
+    out = [f"minilms plan: {config.name}: {len(net.layers)} layers, {len(steps)} steps, "
+           f"inputs {inputs}",
+           f"device {device_kind(config)}, pool {format_bytes(capacity)}; cost model "
+           f"{model.describe()}"]
     chosen = plan.policy.describe()
     if plan.candidates:
         cut = f"; {len(plan.cut_short)} more cut short, slower already" if plan.cut_short else ""
@@ -150,6 +164,9 @@ def report(config, link=None, summary: bool = False, least_split: bool = False) 
                   f"plans that fit, of {len(plan.candidates)} weighed{cut})"
     out.append(chosen)
     out += [f"note: {note}" for note in plan.notes]
+    if net.fuse != fused[0]:
+        out.append(f"note: model.fuse {config.model.fuse}: the ReLUs after the adds stay layers "
+                   "of their own (no plan of the net with them fused fits this pool)")
     if not summary:
         kinds = {s.step.kind for s in plan.steps}
         out += ["", table(layer_rows(net, plan), any(s.step.part for s in plan.steps),
@@ -164,7 +181,7 @@ def report(config, link=None, summary: bool = False, least_split: bool = False) 
     out += [f"LMS off needs        {format_bytes(everything):>12}  ({fits} in "
             f"{format_bytes(capacity)})",
             f"least pool for LMS   {format_bytes(least):>12}  (largest working set "
-            f"{format_bytes(max(working_set_bytes(net, s) for s in steps))})"]
+            f"{format_bytes(max(working_set_bytes(least_net, s) for s in least_steps))})"]
     if splits:
         found = f"{format_bytes(searched):>12}  (searched; floor {format_bytes(floor)}, " \
             if searched else f"{'>= ' + format_bytes(floor):>12}  (a floor: --least-split " \

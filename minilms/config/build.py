@@ -7,7 +7,7 @@ from .. import zoo
 from ..datasets.registry import DATASETS, OPTIONS, make_dataset
 from ..device import parse_link, resolve_kind, resolve_memory
 from ..device.cpu import host_memory_info
-from ..fusion import fusion_for
+from ..fusion import first_that_plans, fusions_for
 from ..lms.cost import CostModel
 from ..lms.plan import Policy
 from ..net import Net
@@ -42,17 +42,34 @@ def input_shapes(config, batch: int | None = None) -> dict:
     return {"data": ((n, channels, size, size), np.float32), "label": ((n,), np.int32)}
 
 
-def build_net(config, batch: int | None = None) -> Net:
-    """The config's net. Its errors name the config key to change: ``model.layers[3] (conv2)
+def build_net(config, batch: int | None = None, fuse: str | None = None) -> Net:
+    """The config's net, fused as ``fuse`` says (default: the first of ``fusions``, the one a
+    run tries first). Its errors name the config key to change: ``model.layers[3] (conv2)
     .stride`` for a listed layer; a zoo model's layers are not in the file, so theirs name
     ``model.zoo`` (``model.zoo (lenet): layer conv2: ...``), which ``config_error_line`` locates."""
     layers, shapes = model_layers(config, num_classes(config)), input_shapes(config, batch)
     kind = device_kind(config)
-    fuse = fusion_for(config.model.fuse, config.lms.enabled)
+    fuse = fuse or fusions(config)[0]
     if config.model.layers is not None:
         return Net(layers, shapes, where="model.layers", device_kind=kind, fuse=fuse)
     return Net(layers, shapes, where=f"model.zoo ({config.model.zoo})", listed=False,
                device_kind=kind, fuse=fuse)
+
+
+def fusions(config) -> tuple[str, ...]:
+    """The fusions the config's net may run with, the one to try first first
+    (``fusion.fusions_for``): with LMS on and ``model.fuse: auto``, the adds' ReLUs fused where
+    the pool holds that net's plan; the last is the one the least pool is the least for."""
+    return fusions_for(config.model.fuse, config.lms.enabled)
+
+
+def planned_net(config, plan, policy: Policy | None = None, batch: int | None = None):
+    """``(net, plan(net, policy))`` for the first of the config's ``fusions`` whose net ``plan``
+    (a plan, or an executor, made for that net under that policy) takes without a
+    ``PlanError`` (``fusion.first_that_plans``: the nets fused further with steps unsplit).
+    ``policy``: the config's (``lms_policy``) where None."""
+    return first_that_plans(fusions(config), lambda fuse: build_net(config, batch, fuse), plan,
+                            policy or lms_policy(config))
 
 
 def lms_policy(config) -> Policy:

@@ -210,10 +210,12 @@ SCHEMA = Section(
         (Caffe-style layer mappings, kept as written; the net builder checks their options).
         ``options.num_classes`` null means the dataset's; ``width`` divides every channel count.
         ``fuse``: each in-place ReLU runs in the pass of the layer before it where that layer can
-        take it, the same numbers in fewer passes (``minilms.fusion``): ``auto`` where no step
-        then holds more (batch norms; with ``lms.enabled: false``, where every blob stays
-        resident, residual adds too), ``all`` residual adds too (faster; a fused add's backward
-        holds one blob more), ``none`` the layers as written.""",
+        take it, the same numbers in fewer passes (``minilms.fusion``): ``auto`` batch norms, and
+        residual adds too where that costs the run nothing (with ``lms.enabled: false``, where
+        every blob stays resident; with LMS on, where the pool holds the fused net's plan with
+        whole steps, else the adds and their ReLUs stay as written), ``all`` residual adds
+        whatever the pool (a fused add's backward holds one blob more), ``none`` the layers as
+        written.""",
         zoo=Field(nullable(choice(*ZOO_MODELS)), None),
         options=Section(
             """Arguments of the zoo model: how many classes it tells apart, its width divisor.""",

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..config.build import build_net, lms_policy
+from ..config.build import build_net, lms_policy, planned_net
 from ..datasets import OPTIONS, BatchLoader, make_dataset, make_transform
 from ..device import AUTO_FRACTION, make_device, parse_link, resolve_kind
 from ..device.cpu import host_memory_info
@@ -119,8 +119,10 @@ class Trainer:
         if world.distributed:
             policy = replace(policy, reduce_grads=True)
             self.reducer = GradientReducer(world, overlap=config.distributed.overlap)
-        self.executor = LmsExecutor(self.net, self.device, self.solver, policy,
-                                    seed=config.seed, cost_model=model, reducer=self.reducer)
+        # the net the pool holds a plan for: with LMS on, the adds' ReLUs fused where it can
+        self.net, self.executor = planned_net(config, lambda net, policy: LmsExecutor(
+            net, self.device, self.solver, policy, seed=config.seed, cost_model=model,
+            reducer=self.reducer), policy)
         epochs, max_iters = config.train.epochs, config.train.max_iters
         per_epoch = len(self.loader)
         self.total_iters = min(epochs * per_epoch if epochs else math.inf, max_iters or math.inf)
