@@ -96,7 +96,8 @@ def minilms_setup(case):
     """``(step, report)``: one training iteration of minilms on ``case``, and what the row
     reports besides its time (``report()``, read when called: the peak so far)."""
     import minilms  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
-    baseline = status_bytes("VmRSS")
+    import minilms.device, minilms.lms, minilms.solver  # noqa: F401, E401  (in the baseline)
+    baseline = status_bytes("VmRSS")      # the process after its imports
     net, inputs, executor, pool, everything = training(case, case["fraction"])
 
     def report():
