@@ -81,12 +81,11 @@ def measure(device, nbytes: int, repeat: int) -> dict:
     return best
 
 
-SWITCHES = {  # --switch: (what is on, what is off, how to set it)
-    "help": ("a waiting thread helps", "a wait only waits",
-             lambda on: setattr(cpu_streams, "HELP_WHILE_WAITING", on)),
-    "streaming": ("streaming stores", "memcpy", lambda on: setattr(streaming, "ENABLED", on)),
-    "threads": ("copies on the copy threads", "copies where issued",
-                lambda on: setattr(cpu_streams, "COPY_THREADS", on)),
+SWITCHES = {  # --switch: (what is on, what is off, the module and its flag)
+    "help": ("a waiting thread helps", "a wait only waits", cpu_streams, "HELP_WHILE_WAITING"),
+    "streaming": ("streaming stores", "memcpy", streaming, "ENABLED"),
+    "threads": ("copies on the copy threads", "copies where issued", cpu_streams,
+                "COPY_THREADS"),
 }
 
 
@@ -95,18 +94,21 @@ def iteration(case: str, pairs: int, fraction: int, switch: str = "help") -> int
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_fullsize import parse_case, training
     _, inputs, executor, pool, _ = training(parse_case(case, "bench_copy: --iteration"), fraction)
-    named_on, named_off, turn_on = SWITCHES[switch]
+    named_on, named_off, module, flag = SWITCHES[switch]
+    before = getattr(module, flag)
     seconds, stalls = {True: [], False: []}, {True: [], False: []}
-    for turn in tqdm(range(1 + pairs), desc="pairs", leave=False):   # the first warms up
-        for on in ((True, False) if turn % 2 else (False, True)):
-            executor.device.synchronize()
-            turn_on(on)
-            took = timed(lambda: (executor.iterate(inputs), executor.device.synchronize()))
-            if turn:
-                seconds[on].append(took)
-                stalls[on].append(executor.stall_seconds)
-    turn_on(True)
-    executor.device.close()
+    try:
+        for turn in tqdm(range(1 + pairs), desc="pairs", leave=False):   # the first warms up
+            for on in ((True, False) if turn % 2 else (False, True)):
+                executor.device.synchronize()
+                setattr(module, flag, on)
+                took = timed(lambda: (executor.iterate(inputs), executor.device.synchronize()))
+                if turn:
+                    seconds[on].append(took)
+                    stalls[on].append(executor.stall_seconds)
+    finally:
+        setattr(module, flag, before)
+        executor.device.close()
     print(f"{case}, LMS on in {format_bytes(pool)}, {pairs} pairs alternating in one process:")
     for on, name in ((False, named_off), (True, named_on)):
         print(f"  {name:24} median {np.median(seconds[on]):.4f} s/iter, "

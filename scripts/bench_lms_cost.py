@@ -84,6 +84,7 @@ def timed_iterations(off, on, inputs, pairs):
     for executor in (off, on):
         timing(executor, "run_step", lambda *args: "steps")
     timing(on, "_apply", lambda action, stream: "actions")
+    threads = cpu_streams.COPY_THREADS
     streaming.copy, cpu_streams.COPY_THREADS = copy, False
     try:
         for turn in range(1 + pairs):                           # the first warms up
@@ -101,7 +102,7 @@ def timed_iterations(off, on, inputs, pairs):
                     parts[lms]["wall"].append(wall)
                     parts[lms]["rest"].append(wall - now["steps"] - now["actions"])
     finally:
-        streaming.copy, cpu_streams.COPY_THREADS = real_copy, True
+        streaming.copy, cpu_streams.COPY_THREADS = real_copy, threads
         for executor in (off, on):
             for name in ("run_step", "_apply"):
                 executor.__dict__.pop(name, None)

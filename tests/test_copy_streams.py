@@ -6,8 +6,9 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
-from minilms.device import make_device
+from minilms.device import cpu_streams, make_device
 from minilms.lms import LmsExecutor, Policy, least_pool
 from minilms.lms.plan import Action, Plan, StepPlan
 from minilms.lms.replay import Program
@@ -16,6 +17,14 @@ from minilms.solver import SGD
 
 from .test_executor import batch
 from .test_lms import DAG, assert_identical, make_net, reference, train
+
+
+@pytest.fixture(autouse=True)
+def copies_on_their_threads(monkeypatch):
+    """The copy streams' threads whatever cores this machine has (``cpu_streams.copy_threads``
+    keeps copies where issued where every core computes): what these tests are about; a test
+    of copies where issued sets the switch itself."""
+    monkeypatch.setattr(cpu_streams, "COPY_THREADS", True)
 
 
 def program(steps, chunks=None):

@@ -10,6 +10,14 @@ from minilms.device import cpu_streams, make_device, streaming
 from minilms.device.cpu_streams import CpuEvent, CpuStream, SplitCopy
 
 
+@pytest.fixture(autouse=True)
+def copies_on_their_threads(monkeypatch):
+    """The copy streams' threads whatever cores this machine has (``cpu_streams.copy_threads``
+    keeps copies where issued where every core computes): what these tests are about; a test
+    of copies where issued sets the switch itself."""
+    monkeypatch.setattr(cpu_streams, "COPY_THREADS", True)
+
+
 def test_a_waiting_compute_thread_copies_pieces_of_a_copy_under_way(monkeypatch):
     """The copy thread holds its first piece until the waiting (compute) thread has copied one:
     without the help the wait would time out; with it, both threads copied pieces and every byte
@@ -107,17 +115,53 @@ def test_a_failed_piece_fails_its_copy_and_nothing_hangs(monkeypatch):
 
 
 def test_which_copies_go_in_pieces(monkeypatch):
-    """Above ``SPLIT`` (however large: the pieces stream as a whole copy does), contiguous, and
-    only while waits help."""
+    """Above ``SPLIT`` (however large: the pieces stream as a whole copy does), contiguous, on a
+    stream whose copies go to its thread, and only while waits help."""
     monkeypatch.setattr(cpu_streams, "SPLIT", 16)
+    stream = CpuStream("h2d", threaded=False)        # no thread needed to ask
+    stream.threaded = True
     a, b = np.zeros(32, np.uint8), np.ones(32, np.uint8)
-    assert cpu_streams.splits(a, b)
-    assert not cpu_streams.splits(a[:16], b[:16])                      # small: whole
-    assert cpu_streams.splits(np.zeros(1 << 27, np.uint8), np.ones(1 << 27, np.uint8))
+    assert cpu_streams.splits(a, b, stream)
+    assert not cpu_streams.splits(a[:16], b[:16], stream)               # small: whole
+    assert cpu_streams.splits(np.zeros(1 << 27, np.uint8), np.ones(1 << 27, np.uint8), stream)
     grid = np.zeros((8, 8), np.uint8)
-    assert not cpu_streams.splits(grid[:, :5], np.ones((8, 5), np.uint8))   # not contiguous
+    assert not cpu_streams.splits(grid[:, :5], np.ones((8, 5), np.uint8), stream)  # not contiguous
+    monkeypatch.setattr(cpu_streams, "COPY_THREADS", False)             # copies where issued
+    assert not cpu_streams.splits(a, b, stream)
+    monkeypatch.setattr(cpu_streams, "COPY_THREADS", True)
     monkeypatch.setattr(cpu_streams, "HELP_WHILE_WAITING", False)
-    assert not cpu_streams.splits(a, b)
+    assert not cpu_streams.splits(a, b, stream)
+
+
+@pytest.mark.parametrize("cores, threads, linked, on_threads", [
+    (2, 2, False, False),      # every core computes: copies where issued
+    (2, 2, True, True),        # a link's hold must overlap the kernels
+    (4, 2, False, True),       # a core free for the copies
+    (1, 1, False, False)])
+def test_copy_threads_where_a_core_is_free_or_a_link_must_overlap(monkeypatch, cores, threads,
+                                                                   linked, on_threads):
+    """``copy_threads``' rule, unless ``COPY_THREADS`` says; and a device's copy stream follows
+    it: its copy has landed when ``h2d`` returns where copies run where issued."""
+    monkeypatch.setattr(cpu_streams, "COPY_THREADS", None)
+    monkeypatch.setattr(cpu_streams.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(cpu_streams.numba, "get_num_threads", lambda: threads)
+    assert cpu_streams.copy_threads(linked) == on_threads
+    for forced in (True, False):
+        monkeypatch.setattr(cpu_streams, "COPY_THREADS", forced)
+        assert cpu_streams.copy_threads(linked) == forced
+    monkeypatch.setattr(cpu_streams, "COPY_THREADS", None)
+    with make_device("cpu", 1 << 12, link=1000.0 if linked else None) as device:
+        assert device.h2d_stream.copies_on_thread() == on_threads
+        view = device.view(device.pool.allocate(1024, "x"), (256,), np.float32)
+        gate = threading.Event()
+        if on_threads:
+            device.h2d_stream.submit(lambda: gate.wait(10))   # holds the stream's thread
+        device.h2d(view, np.arange(256, dtype=np.float32), stream=device.h2d_stream)
+        # where issued, it has landed on return; on the thread, it waits behind the held item
+        assert np.array_equal(view, np.arange(256)) != on_threads
+        gate.set()
+        device.synchronize()
+        np.testing.assert_array_equal(view, np.arange(256))
 
 
 def test_without_copy_threads_a_copy_stream_runs_its_work_in_order_where_submitted(monkeypatch):
@@ -138,7 +182,8 @@ def test_without_copy_threads_a_copy_stream_runs_its_work_in_order_where_submitt
         done = device.event()
         done.record(stream)
         assert done.query()
-        assert not cpu_streams.splits(np.zeros(1 << 24, np.uint8), np.ones(1 << 24, np.uint8))
+        assert not cpu_streams.splits(np.zeros(1 << 24, np.uint8), np.ones(1 << 24, np.uint8),
+                                      stream)
         with pytest.raises(RuntimeError, match="h2d stream failed"):
             stream.submit(lambda: 1 / 0)
         stream.submit(lambda: landed.append(("after", threading.current_thread())))

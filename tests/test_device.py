@@ -7,6 +7,7 @@ import pytest
 
 from minilms.device import (
     AUTO_FRACTION,
+    cpu_streams,
     make_device,
     parse_link,
     real_gpu_available,
@@ -116,7 +117,10 @@ def test_cpu_link_model_slows_a_synchronous_copy_to_the_link():
         assert time.perf_counter() - began >= nbytes / 16e9
 
 
-def test_a_failed_copy_on_the_copy_stream_surfaces_on_synchronize():
+def test_a_failed_copy_on_the_copy_stream_surfaces_on_synchronize(monkeypatch):
+    """On the stream's thread (``cpu_streams.copy_threads``; where issued, a failure surfaces
+    at once: ``tests/test_cpu_streams.py``)."""
+    monkeypatch.setattr(cpu_streams, "COPY_THREADS", True)
     with make_device("cpu", 4096) as device:
         view = device.view(device.pool.allocate(16, "x"), (4,), np.float32)
         device.h2d_stream.submit(lambda: 1 / 0)

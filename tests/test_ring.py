@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from minilms.device import CpuDevice
+from minilms.device import CpuDevice, cpu_streams
 from minilms.device.link import Link
 from minilms.lms import LmsExecutor, Policy, least_pool, resident_bytes
 from minilms.lms.ring import SLOTS
@@ -156,12 +156,15 @@ def test_a_program_switch_reads_out_what_is_pending():
     assert values(all_then_read) == values(one_by_one)
 
 
-def test_an_iteration_issued_ahead_waits_on_the_device_for_the_last_ones_copies_home():
+def test_an_iteration_issued_ahead_waits_on_the_device_for_the_last_ones_copies_home(monkeypatch):
     """Every copy home starts 20 ms late on the ``d2h`` stream. The next iteration, issued at
     once, must not overwrite the space those copies still read (the outputs a pinned blob's sync
     reads, the space of what the epilogue swaps out): its compute and loads wait, on the device,
-    for the last iteration's last copy. Without that wait the same run reads other values."""
+    for the last iteration's last copy. Without that wait the same run reads other values. The
+    copies on the copy streams' threads (``cpu_streams.copy_threads``: where issued, every copy
+    is done before the next step, and nothing can overtake it)."""
     from .test_copy_streams import slow_d2h
+    monkeypatch.setattr(cpu_streams, "COPY_THREADS", True)
 
     def values(policy, unordered=False):
         with CpuDevice(capacity(policy)) as device:

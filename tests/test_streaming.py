@@ -62,7 +62,8 @@ def test_which_copies_stream(monkeypatch):
 
 def test_the_devices_copies_stream_whole_and_in_pieces(monkeypatch):
     """A copy stream's whole copy and a ``SplitCopy``'s pieces both go through ``streaming``,
-    and the bytes arrive either way."""
+    and the bytes arrive either way (on the copy streams' threads, where pieces are shared)."""
+    monkeypatch.setattr(cpu_streams, "COPY_THREADS", True)
     calls = []
     real = streaming._stream_bytes
 

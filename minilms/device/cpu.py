@@ -7,9 +7,11 @@ An optional ``Link`` makes each copy last at least ``bytes / bandwidth``.
 
 Streams mirror CUDA's (``cpu_streams``): work on a stream runs in order. The compute stream runs
 work at once in the calling thread; each copy stream (``h2d``, ``d2h``) has a thread of its own,
-so copies each way overlap with compute and with each other (a ``Link`` holds each direction on
-its own, as a full-duplex link carries both at once), and a compute thread that waits for a copy
-does copy work meanwhile.
+which runs its copies where a core is free for it or the device has a ``Link``
+(``cpu_streams.copy_threads``), so copies each way overlap with compute and with each other (a
+``Link`` holds each direction on its own, as a full-duplex link carries both at once), and a
+compute thread that waits for a copy does copy work meanwhile; with every core computing, the
+copies run where they are issued.
 """
 import numpy as np
 
@@ -32,8 +34,8 @@ class CpuDevice(Device):
         # that a run whose plan uses less of the pool never needed.
         self._arena = np.zeros(self.capacity, np.uint8)
         self.compute_stream = CpuStream("compute", threaded=False)
-        self.h2d_stream = CpuStream("h2d", threaded=True)
-        self.d2h_stream = CpuStream("d2h", threaded=True)
+        self.h2d_stream = CpuStream("h2d", threaded=True, linked=link is not None)
+        self.d2h_stream = CpuStream("d2h", threaded=True, linked=link is not None)
         link_name = f", link {link.name}" if link else ""
         self.name = f"cpu (simulated, {format_bytes(self.capacity)}{link_name})"
 
@@ -70,7 +72,7 @@ class CpuDevice(Device):
             after(started)
         if stream is None:
             copy()
-        elif splits(dst, src):
+        elif splits(dst, src, stream):
             stream.submit(SplitCopy(dst, src, after))   # pieces a waiting thread can share
         else:
             stream.submit(copy)

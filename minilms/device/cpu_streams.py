@@ -16,35 +16,51 @@ when all are). Two threads copy a large block faster than one where memory, not 
 one thread's copy, as on the machines measured (docs/benchmarks.md). Each piece, as each whole
 copy, goes through ``streaming.copy``.
 
-``COPY_THREADS`` off runs each copy stream's work at once in the thread that submits it, as the
-compute stream's: a valid order of the same work (CUDA's ``CUDA_LAUNCH_BLOCKING``), where no
-copy overlaps a kernel and none takes a core from one. On two cores it measured within a few
-percent of the threads either way, net by net (``scripts/bench_copy.py --switch threads``,
-docs/benchmarks.md): the threads stay the default.
+Where the copy threads run (``copy_threads``): only where a core is free for them, beside the
+kernels' threads (``os.cpu_count()`` above ``numba.get_num_threads()``), or where the device has a
+``Link``, whose hold is a wait that must overlap the kernels. Elsewhere each copy stream's work runs
+at once in the thread that submits it, as the compute stream's: a valid order of the same work
+(CUDA's ``CUDA_LAUNCH_BLOCKING``), where no copy overlaps a kernel and none takes a core from one.
+With every core computing, a copy thread is one thread more than there are cores, and the
+kernels' threads, which work in step, wait for the one it displaced: on two cores the copies
+where issued ran LMS on 1.03-1.07x LMS off's iteration in rotations against PyTorch, the threads
+1.13-1.20x (docs/benchmarks.md, session 44). ``COPY_THREADS`` True or False overrides the rule
+(the benchmark's A/B, ``scripts/bench_copy.py --switch threads``, and the tests of either mode).
 """
 import collections
+import os
 import threading
 
+import numba
 import numpy as np
 
 from .. import events
 from . import streaming
 
 __all__ = ["COPY_THREADS", "HELP_WHILE_WAITING", "SPLIT", "CpuStream", "CpuEvent", "SplitCopy",
-           "splits"]
+           "copy_threads", "splits"]
 
 HELP_WHILE_WAITING = True    # False: a wait only waits and copies go whole (the benchmark's A/B)
-COPY_THREADS = True          # False: copy streams run their work where it is submitted (the same)
+COPY_THREADS = None          # None: ``copy_threads``' rule; True, False: always, never (the same)
 SPLIT = 1 << 20          # bytes: larger copies go in pieces of this size (each streamed:
 #                          ``streaming``; before the pieces streamed, a copy of over 64 MiB went
 #                          whole, where memcpy's own non-temporal path ran faster than pieces)
 HELP_WAIT_SECONDS = 2e-4  # between looks for work to help with, while a wait has none
 
 
-def splits(dst: np.ndarray, src: np.ndarray) -> bool:
-    """Whether a copy goes in pieces (``SplitCopy``) rather than whole: only where another
-    thread may share them."""
-    return HELP_WHILE_WAITING and COPY_THREADS and SPLIT < dst.nbytes and \
+def copy_threads(linked: bool = False) -> bool:
+    """Whether copy streams run their work on threads of their own (the module docstring):
+    ``COPY_THREADS`` where set, else where a core is free beside the kernels' threads or the
+    device has a link (``linked``)."""
+    if COPY_THREADS is not None:
+        return COPY_THREADS
+    return linked or (os.cpu_count() or 1) > numba.get_num_threads()
+
+
+def splits(dst: np.ndarray, src: np.ndarray, stream: "CpuStream") -> bool:
+    """Whether a copy on ``stream`` goes in pieces (``SplitCopy``) rather than whole: only where
+    another thread may share them."""
+    return HELP_WHILE_WAITING and stream.copies_on_thread() and SPLIT < dst.nbytes and \
         dst.flags.c_contiguous and src.flags.c_contiguous
 
 
@@ -107,9 +123,12 @@ class SplitCopy:
 
 
 class CpuStream:
-    def __init__(self, name: str, threaded: bool):
+    def __init__(self, name: str, threaded: bool, linked: bool = False):
+        """``threaded``: a copy stream, with a thread of its own for its work where
+        ``copy_threads(linked)`` (``linked``: the device has a ``Link``)."""
         self.name = name
         self.threaded = threaded
+        self.linked = linked
         self.running = None          # the item under way (a thread may help a SplitCopy)
         self._error: BaseException | None = None
         self._items: collections.deque = collections.deque()
@@ -123,7 +142,7 @@ class CpuStream:
         if not self.threaded:
             work()
             return
-        if not COPY_THREADS:          # here and now, after what the thread still has (in order)
+        if not self.copies_on_thread():   # here and now, after what the thread still has
             self.synchronize()
             self._run(work)
             self._raise_pending()
@@ -131,6 +150,10 @@ class CpuStream:
         with self._changed:
             self._items.append(work)
             self._changed.notify_all()
+
+    def copies_on_thread(self) -> bool:
+        """Whether work submitted now goes to the stream's thread (``copy_threads``)."""
+        return self.threaded and copy_threads(self.linked)
 
     def synchronize(self) -> None:
         if self.threaded:

@@ -15,7 +15,8 @@ of the plan (``minilms.plan``), in order:
 
 On ``cuda`` the copy streams overlap kernels on the compute stream and each other; on ``cpu`` each
 is a thread of its own and the copies (``numpy.copyto``, and the link model's wait) run while the
-kernels compute.
+kernels compute, where a core is free for them or a link's wait must overlap; else they run where
+they are issued (``device.cpu_streams.copy_threads``).
 
 Every access a step makes goes through ``Blob.resident_view``, which neither places nor copies: a
 blob that the plan failed to bring in is an error, not a silent fix. Each release checks that the
