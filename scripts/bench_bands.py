@@ -24,18 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def layer_shapes(nets):
-    """``(name, x shape, weight shape, geometry)`` of each distinct stem-like convolution."""
+    """``(name, x shape, weight shape, geometry)`` of each distinct stem-like convolution
+    (``bench_windows.conv_shapes``)."""
+    from bench_windows import conv_shapes
+
     from minilms.kernels.direct import bands
-    shapes = {}
-    for net in nets:
-        for layer in net.layers:
-            if layer.type != "Convolution" or layer.groups != 1:
-                continue
-            weight = (layer.num_output, layer.in_group) + layer.kernel_size
-            geometry = layer._geometry()
-            if bands.applies(weight, geometry) and weight[1] <= bands.BANDS_CHANNELS:
-                shapes.setdefault((layer.bottom_shapes[0], weight, geometry), layer.name)
-    return [(name,) + key for key, name in shapes.items()]
+    return conv_shapes(nets, lambda layer, weight, geometry: bands.applies(weight, geometry)
+                       and weight[1] <= bands.BANDS_CHANNELS)
 
 
 def paths(x, weight, dy, geometry):

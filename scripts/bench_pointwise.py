@@ -25,24 +25,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def layer_shapes(nets):
-    """``(name, x shape, weight shape)`` of each distinct 1x1 stride-1 convolution whose backward
-    goes sample by sample, in the nets' order."""
+    """``(name, x shape, weight shape, geometry)`` of each distinct 1x1 stride-1 convolution whose
+    backward goes sample by sample, in the nets' order (``bench_windows.conv_shapes``)."""
     import numpy as np
+    from bench_windows import conv_shapes
 
     from minilms.kernels.direct import pointwise
-    shapes = {}
-    for net in nets:
-        for layer in net.layers:
-            if layer.type != "Convolution" or layer.groups != 1:
-                continue
-            weight = (layer.num_output, layer.in_group) + layer.kernel_size
-            dy = np.empty((layer.bottom_shapes[0][0], layer.num_output, layer.out_h,
-                           layer.out_w), np.float32)
-            geometry = layer._geometry()
-            if pointwise.applies(weight, geometry) and pointwise.by_sample(
-                    dy, np.empty(weight, np.float32), geometry, 1):
-                shapes.setdefault((layer.bottom_shapes[0], weight), layer.name)
-    return [(name,) + key for key, name in shapes.items()]
+
+    def by_sample(layer, weight, geometry):
+        dy = np.empty((layer.bottom_shapes[0][0], layer.num_output, layer.out_h, layer.out_w),
+                      np.float32)
+        return pointwise.applies(weight, geometry) and pointwise.by_sample(
+            dy, np.empty(weight, np.float32), geometry, 1)
+    return conv_shapes(nets, by_sample)
 
 
 def time_layers(shapes, rounds, cold):
@@ -56,7 +51,7 @@ def time_layers(shapes, rounds, cold):
     print(f"{'layer':12} {'input':>16} {'weight':>16} {'two passes':>10} {'by sample':>9} "
           f"{'ratio':>6}  same bits  (ms, median of alternating calls, "
           f"{'cold' if cold else 'hot'})")
-    for name, x_shape, w_shape in shapes:
+    for name, x_shape, w_shape, _ in shapes:
         x = rng.standard_normal(x_shape, dtype=np.float32)
         weight = rng.standard_normal(w_shape, dtype=np.float32)
         dy = rng.standard_normal((x_shape[0], w_shape[0]) + x_shape[2:], dtype=np.float32)
@@ -132,19 +127,9 @@ def print_training(cases, pairs) -> None:
 
 
 def main(argv=None) -> int:
-    from bench_windows import arguments
-    p = arguments(__doc__, rounds=9)
-    p.add_argument("--hot", action="store_true", help="no cache flush between layer calls")
-    args = p.parse_args(argv)
-    import minilms  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
-    import numpy as np
-
-    from bench_fullsize import build, parse_case
-    cases = [parse_case(text, "bench_pointwise: --models") for text in args.models]
-    if args.smoke:
-        cases = [{"model": "resnet50", "size": 112, "batch": 2, "classes": 10}]
-        args.pairs, args.rounds, args.hot = 1, 1, True
-    nets = [build(dict(case, lms=False), np)[0] for case in cases]
+    from bench_slotted import cold_arguments
+    args, cases, nets = cold_arguments(__doc__, argv, "bench_pointwise", {
+        "model": "resnet50", "size": 112, "batch": 2, "classes": 10}, rounds=9)
     time_layers(layer_shapes(nets), args.rounds, cold=not args.hot)
     print_training(cases, args.pairs)
     return 0

@@ -26,19 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def layer_shapes(nets):
     """``(name, x shape, weight shape, geometry)`` of each distinct convolution on a short plane
-    (the slots' bounds on the plane, not on the weight), in the nets' order."""
+    (the slots' bounds on the plane, not on the weight), in the nets' order
+    (``bench_windows.conv_shapes``)."""
+    from bench_windows import conv_shapes
+
     from minilms.kernels import slotted
-    shapes = {}
-    for net in nets:
-        for layer in net.layers:
-            if layer.type != "Convolution" or layer.groups != 1:
-                continue
-            plane = layer.out_h * layer.out_w
-            if not slotted.MIN_PLANE <= plane < slotted.SHORT_PLANE:
-                continue
-            weight = (layer.num_output, layer.in_group) + layer.kernel_size
-            shapes.setdefault((layer.bottom_shapes[0], weight, layer._geometry()), layer.name)
-    return [(name,) + key for key, name in shapes.items()]
+    return conv_shapes(nets, lambda layer, weight, geometry:
+                       slotted.MIN_PLANE <= layer.out_h * layer.out_w < slotted.SHORT_PLANE)
 
 
 def calls(x, weight, dy, geometry, slots):
@@ -143,21 +137,30 @@ def takes_slots(layer) -> bool:
     return getattr(layer, "slots", 1) > 1 or getattr(getattr(layer, "fast", None), "slots", 1) > 1
 
 
-def main(argv=None) -> int:
+def cold_arguments(doc: str, argv, script: str, smoke: dict, rounds: int):
+    """``(args, cases, nets)`` of a benchmark whose layer part flushes the caches between calls
+    unless ``--hot`` (this one's, ``bench_pointwise``'s): ``bench_windows.arguments`` and
+    ``--hot``; the ``--models`` cases (``script: --models`` named in a bad one's error) and their
+    nets, LMS off's; under ``--smoke`` the one ``smoke`` case, a pair, a round, hot."""
     from bench_windows import arguments
-    p = arguments(__doc__, rounds=15)
+    p = arguments(doc, rounds=rounds)
     p.add_argument("--hot", action="store_true", help="no cache flush between layer calls")
     args = p.parse_args(argv)
     import minilms  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
     import numpy as np
 
     from bench_fullsize import build, parse_case
-    from bench_windows import print_training
-    cases = [parse_case(text, "bench_slotted: --models") for text in args.models]
+    cases = [parse_case(text, f"{script}: --models") for text in args.models]
     if args.smoke:
-        cases = [{"model": "resnet50", "size": 64, "batch": 2, "width": 16, "classes": 10}]
+        cases = [smoke]
         args.pairs, args.rounds, args.hot = 1, 1, True
-    nets = [build(case, np)[0] for case in cases]
+    return args, cases, [build(dict(case, lms=False), np)[0] for case in cases]
+
+
+def main(argv=None) -> int:
+    from bench_windows import print_training
+    args, cases, nets = cold_arguments(__doc__, argv, "bench_slotted", {
+        "model": "resnet50", "size": 64, "batch": 2, "width": 16, "classes": 10}, rounds=15)
     time_layers(layer_shapes(nets), args.rounds, cold=not args.hot)
     print_training(cases, args.pairs, "slots", slots_nowhere, takes_slots)
     return 0

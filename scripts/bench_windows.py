@@ -29,19 +29,26 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def layer_shapes(net):
-    """``(name, x shape, weight shape, geometry)`` of each distinct convolution the windows apply
-    to, in the net's order."""
-    from minilms.kernels.direct import windows
+def conv_shapes(nets, keep):
+    """``(name, x shape, weight shape, geometry)`` of each distinct convolution without groups
+    of ``nets`` that ``keep(layer, weight shape, geometry)`` takes, in the nets' order (the first
+    layer of a shape names it): the engine benchmarks' layers."""
     shapes = {}
-    for layer in net.layers:
-        if layer.type != "Convolution" or layer.groups != 1:
-            continue
-        weight = (layer.num_output, layer.in_group) + layer.kernel_size
-        geometry = layer._geometry()
-        if windows.applies(weight, geometry):
-            shapes.setdefault((layer.bottom_shapes[0], weight, geometry), layer.name)
+    for net in nets:
+        for layer in net.layers:
+            if layer.type != "Convolution" or layer.groups != 1:
+                continue
+            weight = (layer.num_output, layer.in_group) + layer.kernel_size
+            geometry = layer._geometry()
+            if keep(layer, weight, geometry):
+                shapes.setdefault((layer.bottom_shapes[0], weight, geometry), layer.name)
     return [(name,) + key for key, name in shapes.items()]
+
+
+def layer_shapes(net):
+    """``conv_shapes`` of the convolutions the windows apply to."""
+    from minilms.kernels.direct import windows
+    return conv_shapes([net], lambda layer, weight, geometry: windows.applies(weight, geometry))
 
 
 def paths(x, weight, dy, geometry):

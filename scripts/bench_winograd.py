@@ -24,18 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def layer_shapes(nets):
     """``(name, x shape, weight shape, pad)`` of each distinct 3x3 stride-1 convolution on a
-    plane of at least 7x7, in the nets' order."""
+    plane of at least 7x7, in the nets' order (``bench_windows.conv_shapes``)."""
+    from bench_windows import conv_shapes
+
     from minilms.kernels.direct import winograd
-    shapes = {}
-    for net in nets:
-        for layer in net.layers:
-            if layer.type != "Convolution" or layer.groups != 1:
-                continue
-            weight = (layer.num_output, layer.in_group) + layer.kernel_size
-            geometry = layer._geometry()
-            if winograd.applies(weight, geometry) and layer.out_h * layer.out_w >= 49:
-                shapes.setdefault((layer.bottom_shapes[0], weight, geometry[2][0]), layer.name)
-    return [(name,) + key for key, name in shapes.items()]
+    return [(name, x, weight, geometry[2][0]) for name, x, weight, geometry in conv_shapes(
+        nets, lambda layer, weight, geometry: winograd.applies(weight, geometry)
+        and layer.out_h * layer.out_w >= 49)]
 
 
 def tiles_of(m):
