@@ -54,6 +54,10 @@ def copy_threads(linked: bool = False) -> bool:
     device has a link (``linked``)."""
     if COPY_THREADS is not None:
         return COPY_THREADS
+    return _core_free_or(linked)
+
+
+def _core_free_or(linked: bool) -> bool:
     return linked or (os.cpu_count() or 1) > numba.get_num_threads()
 
 
@@ -128,7 +132,9 @@ class CpuStream:
         ``copy_threads(linked)`` (``linked``: the device has a ``Link``)."""
         self.name = name
         self.threaded = threaded
-        self.linked = linked
+        # the rule's answer, worked out once: os.cpu_count() costs about 10 us a call, and a
+        # stream is asked at every submit (``COPY_THREADS`` is still read each time)
+        self._by_rule = threaded and _core_free_or(linked)
         self.running = None          # the item under way (a thread may help a SplitCopy)
         self._error: BaseException | None = None
         self._items: collections.deque = collections.deque()
@@ -153,7 +159,9 @@ class CpuStream:
 
     def copies_on_thread(self) -> bool:
         """Whether work submitted now goes to the stream's thread (``copy_threads``)."""
-        return self.threaded and copy_threads(self.linked)
+        if not self.threaded:
+            return False
+        return self._by_rule if COPY_THREADS is None else COPY_THREADS
 
     def synchronize(self) -> None:
         if self.threaded:
