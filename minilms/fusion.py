@@ -43,10 +43,9 @@ def fusion_choice(fuse) -> str:
 def fusions_for(fuse, lms: bool) -> tuple[str, ...]:
     """The fusions a net from a config's ``model.fuse`` (``fusion_choice``'s forms) may get, in
     the order to try them (``first_that_plans``), given whether LMS plans its steps
-    (``lms.enabled``): ``auto`` is ``all`` with LMS off, where no pool is to be fitted
-    (ResNet-50 batch 8: 1.02x an iteration, docs/benchmarks.md, session 41), and with LMS on
-    ``all`` where the pool holds its plan, else ``auto`` (1.01-1.02x an iteration in an eighth of
-    LMS off's pool, sessions 41-44); any other choice is itself."""
+    (``lms.enabled``): ``auto`` is ``all`` with LMS off, where no pool is to be fitted, and with
+    LMS on ``all`` where the pool holds its plan, else ``auto`` (the figures: docs/benchmarks.md,
+    "Why the code chose", sessions 41 and 44); any other choice is itself."""
     fuse = fusion_choice(fuse)
     if fuse != "auto":
         return (fuse,)
