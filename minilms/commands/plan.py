@@ -145,7 +145,7 @@ def report(config, link=None, summary: bool = False, least_split: bool = False) 
         None
     try:
         net, plan = planned_net(config, lambda net, tried: plan_for(
-            net, net.schedule(states), capacity, tried, model), policy)
+            net, net.schedule(states), capacity, tried, model), policy, built=least_net)
     except PlanError as error:
         split = "" if not splits else f", {format_bytes(searched)} with steps split" \
             if searched else f", at least {format_bytes(floor)} with steps split"

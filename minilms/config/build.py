@@ -63,13 +63,17 @@ def fusions(config) -> tuple[str, ...]:
     return fusions_for(config.model.fuse, config.lms.enabled)
 
 
-def planned_net(config, plan, policy: Policy | None = None, batch: int | None = None):
+def planned_net(config, plan, policy: Policy | None = None, batch: int | None = None,
+                built: Net | None = None):
     """``(net, plan(net, policy))`` for the first of the config's ``fusions`` whose net ``plan``
     (a plan, or an executor, made for that net under that policy) takes without a
     ``PlanError`` (``fusion.first_that_plans``: the nets fused further with steps unsplit).
-    ``policy``: the config's (``lms_policy``) where None."""
-    return first_that_plans(fusions(config), lambda fuse: build_net(config, batch, fuse), plan,
-                            policy or lms_policy(config))
+    ``policy``: the config's (``lms_policy``) where None; ``built``: a net of the config the
+    caller has already (of one fusion, this batch), taken where its fusion is tried."""
+    def build(fuse):
+        return built if built is not None and built.fuse == fuse else \
+            build_net(config, batch, fuse)
+    return first_that_plans(fusions(config), build, plan, policy or lms_policy(config))
 
 
 def lms_policy(config) -> Policy:

@@ -22,9 +22,9 @@ kernels' threads (``os.cpu_count()`` above ``numba.get_num_threads()``), or wher
 at once in the thread that submits it, as the compute stream's: a valid order of the same work
 (CUDA's ``CUDA_LAUNCH_BLOCKING``), where no copy overlaps a kernel and none takes a core from one.
 With every core computing, a copy thread is one thread more than there are cores, and the
-kernels' threads, which work in step, wait for the one it displaced: on two cores the copies
-where issued ran LMS on 1.03-1.07x LMS off's iteration in rotations against PyTorch, the threads
-1.13-1.20x (docs/benchmarks.md, session 44). ``COPY_THREADS`` True or False overrides the rule
+kernels' threads, which work in step, wait for the one it displaced (measured on two cores:
+docs/benchmarks.md, "Why the code chose", session 44). ``COPY_THREADS`` True or False overrides
+the rule
 (the benchmark's A/B, ``scripts/bench_copy.py --switch threads``, and the tests of either mode).
 """
 import collections
@@ -132,7 +132,7 @@ class CpuStream:
         ``copy_threads(linked)`` (``linked``: the device has a ``Link``)."""
         self.name = name
         self.threaded = threaded
-        # the rule's answer, worked out once: os.cpu_count() costs about 10 us a call, and a
+        # the rule's answer, worked out once: os.cpu_count() costs microseconds a call, and a
         # stream is asked at every submit (``COPY_THREADS`` is still read each time)
         self._by_rule = threaded and _core_free_or(linked)
         self.running = None          # the item under way (a thread may help a SplitCopy)

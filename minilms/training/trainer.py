@@ -122,7 +122,7 @@ class Trainer:
         # the net the pool holds a plan for: with LMS on, the adds' ReLUs fused where it can
         self.net, self.executor = planned_net(config, lambda net, policy: LmsExecutor(
             net, self.device, self.solver, policy, seed=config.seed, cost_model=model,
-            reducer=self.reducer), policy)
+            reducer=self.reducer), policy, built=self.net)
         epochs, max_iters = config.train.epochs, config.train.max_iters
         per_epoch = len(self.loader)
         self.total_iters = min(epochs * per_epoch if epochs else math.inf, max_iters or math.inf)
