@@ -176,3 +176,51 @@ def test_lms_off_out_of_memory_says_what_it_needs():
         with pytest.raises(OutOfDeviceMemory, match=r"LMS off needs every blob resident: .* "
                                                     r"but the pool holds 1.00 MiB: turn LMS on"):
             ResidentExecutor(build(zoo.lenet(), inputs), device)
+
+
+
+def counting_params(monkeypatch, net) -> list:
+    """Every layer type's ``params()`` of ``net``, counted as called."""
+    calls = []
+    for layer_type in {type(layer) for layer in net.layers}:
+        original = layer_type.params
+        monkeypatch.setattr(layer_type, "params",
+                            lambda self, original=original: calls.append(1) or original(self))
+    return calls
+
+
+def test_a_step_names_its_blobs_at_its_first_run_only(monkeypatch):
+    """The blobs a step touches are worked out at its first run (``Executor._names``), not at
+    every iteration: a layer builds its parameter lists anew at each ``params()``."""
+    inputs = batch(4, 1, 28)
+    net = build(zoo.lenet(), inputs)
+    calls = counting_params(monkeypatch, net)
+    with make_device("cpu", "32MiB") as device:
+        executor = ResidentExecutor(net, device, SGD(0.01, momentum=0.9))
+        executor.iterate(inputs)
+        counted = len(calls)
+        executor.iterate(inputs)
+    assert counted > 0 and len(calls) == counted
+
+
+def test_named_steps_train_as_steps_named_at_every_run(monkeypatch):
+    """LMS on, batches of two sizes in turn (a plan and a net each): the weights are those of the
+    same run with every step's names worked out anew at each run (the definition)."""
+    from minilms.lms import LmsExecutor, Policy
+    from minilms.lms.executor import Executor
+
+    big, small = batch(4, 1, 28), batch(2, 1, 28, seed=1)
+    results = []
+    for cached in (True, False):
+        if not cached:
+            named = Executor._names
+            monkeypatch.setattr(Executor, "_names", lambda self, *args: (
+                self.__dict__.__setitem__("_named", {}), named(self, *args))[1])
+        with make_device("cpu", "5MiB") as device:     # swaps blobs both ways
+            executor = LmsExecutor(build(zoo.lenet(), big), device, SGD(0.01, momentum=0.9),
+                                   Policy(policy="auto"))
+            for inputs in (big, small, big, small):
+                executor.iterate(inputs)
+            results.append(params_of(executor))
+    for name, value in results[0].items():
+        np.testing.assert_array_equal(value, results[1][name], err_msg=name)

@@ -28,9 +28,16 @@ from numba import njit, prange
 
 from ..lazy_cuda import cuda
 from .common import flat, grid_1d, launch
-from .registry import cuda_kernel, on_cpu
+from .registry import cpu_variant, cuda_kernel, on_cpu
 
-__all__ = ["sgd_step", "adam_step"]
+__all__ = ["sgd_step", "adam_step", "SERIAL_BELOW"]
+
+# Updates of fewer elements run on the calling thread: a parallel kernel first wakes Numba's
+# workers, asleep while BLAS ran, and that wake costs more than a small update does on one core
+# (a batch norm's few hundred values: 63 against 24 us after a GEMM; even near 1 << 18, above
+# which the workers win; docs/benchmarks.md, "Why the code chose"). Element by element, the
+# same expression either way: the same bits.
+SERIAL_BELOW = 1 << 18
 
 _T = (("float32[::1]", "float32"), ("float64[::1]", "float64"))
 
@@ -55,6 +62,9 @@ def sgd_cpu(param, grad, lr, weight_decay):
         if weight_decay != 0:
             g += weight_decay * param[i]
         param[i] -= lr * g
+
+
+sgd_serial = cpu_variant(sgd_cpu.py_func, "serial", False)
 
 
 @cuda_kernel(*_sigs("void(A, A, A, S, S, S, boolean)"))
@@ -87,6 +97,14 @@ def sgd_momentum_cpu(param, grad, buf, lr, momentum, weight_decay, nesterov):
         param[i] -= lr * g
 
 
+sgd_momentum_serial = cpu_variant(sgd_momentum_cpu.py_func, "serial", False)
+
+
+def _on_cpu(parallel, serial, size: int):
+    """The kernel for an update of ``size`` elements on the cpu (``SERIAL_BELOW``)."""
+    return serial if size < SERIAL_BELOW else parallel
+
+
 def sgd_step(param, grad, lr, momentum_buf=None, momentum=0.0, weight_decay=0.0,
              nesterov=False, stream=None):
     """One SGD step in place on ``param`` (and ``momentum_buf``, zeroed before the first step,
@@ -96,13 +114,14 @@ def sgd_step(param, grad, lr, momentum_buf=None, momentum=0.0, weight_decay=0.0,
     t = param.dtype.type
     if momentum == 0:
         args = (*flat(param, grad), t(lr), t(weight_decay))
-        kernel_cpu, kernel_cuda = sgd_cpu, sgd_cuda
+        kernel_cpu, kernel_cuda = _on_cpu(sgd_cpu, sgd_serial, param.size), sgd_cuda
     else:
         if momentum_buf is None:
             raise ValueError("SGD with momentum needs a momentum buffer")
         args = (*flat(param, grad, momentum_buf), t(lr), t(momentum), t(weight_decay),
                 bool(nesterov))
-        kernel_cpu, kernel_cuda = sgd_momentum_cpu, sgd_momentum_cuda
+        kernel_cpu = _on_cpu(sgd_momentum_cpu, sgd_momentum_serial, param.size)
+        kernel_cuda = sgd_momentum_cuda
     if on_cpu(param):
         kernel_cpu(*args)
     else:
@@ -137,6 +156,9 @@ def adam_cpu(param, grad, m, v, w1, beta2, w2, step_size, bc2_sqrt, eps, weight_
         param[i] = p - step_size * mi / (math.sqrt(vi) / bc2_sqrt + eps)
 
 
+adam_serial = cpu_variant(adam_cpu.py_func, "serial", False)
+
+
 def adam_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, beta1=0.9, beta2=0.999,
               eps=1e-8, weight_decay=0.0, stream=None):
     """One Adam step in place on ``param``, ``exp_avg`` (m) and ``exp_avg_sq`` (v), both zeroed
@@ -149,6 +171,6 @@ def adam_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, beta1=0.9, beta2=
     args = (*flat(param, grad, exp_avg, exp_avg_sq), t(1.0 - beta1), t(beta2), t(1.0 - beta2),
             t(step_size), t(bc2_sqrt), t(eps), t(weight_decay))
     if on_cpu(param):
-        adam_cpu(*args)
+        _on_cpu(adam_cpu, adam_serial, param.size)(*args)
     else:
         launch(adam_cuda, *grid_1d(param.size), stream)(*args)

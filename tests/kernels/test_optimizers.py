@@ -44,13 +44,21 @@ def ref_adam(p, g, m, v, step, lr, betas, eps, wd):
         p[i] -= lr * mhat / (math.sqrt(vhat) + eps)
 
 
+@pytest.fixture(params=["serial", "parallel"])
+def cpu_path(request, monkeypatch):
+    """Each CPU update both ways: on the calling thread (below ``SERIAL_BELOW``), and on Numba's
+    workers (the threshold at 0)."""
+    monkeypatch.setattr(opt, "SERIAL_BELOW", 1 << 30 if request.param == "serial" else 0)
+    return request.param
+
+
 def grads(n, steps, seed=0, dtype=np.float64):
     rng = np.random.default_rng(seed)
     return [rng.standard_normal(n).astype(dtype) for _ in range(steps)]
 
 
 @pytest.mark.parametrize("momentum, wd, nesterov", SGD_CASES)
-def test_sgd_cpu_against_reference(momentum, wd, nesterov):
+def test_sgd_cpu_against_reference(momentum, wd, nesterov, cpu_path):
     p = np.random.default_rng(1).standard_normal((3, 7))
     buf = np.zeros_like(p)
     want_p, want_buf = p.copy().ravel(), buf.copy().ravel()
@@ -74,7 +82,7 @@ def test_sgd_argument_checks():
 
 
 @pytest.mark.parametrize("lr, betas, eps, wd", ADAM_CASES)
-def test_adam_cpu_against_reference(lr, betas, eps, wd):
+def test_adam_cpu_against_reference(lr, betas, eps, wd, cpu_path):
     p = np.random.default_rng(2).standard_normal(20)
     m, v = np.zeros_like(p), np.zeros_like(p)
     want = [p.copy(), m.copy(), v.copy()]
@@ -85,6 +93,35 @@ def test_adam_cpu_against_reference(lr, betas, eps, wd):
         np.testing.assert_array_equal(g, g_before)              # grad is only read
     for got, ref in zip((p, m, v), want):
         np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-15)
+
+
+def test_serial_and_parallel_updates_agree_bit_for_bit(monkeypatch):
+    """The two CPU paths compute each element alike (float32, every SGD case and Adam): the same
+    bits, so a parameter's size (which picks the path) never changes a run's numbers."""
+    rng = np.random.default_rng(6)
+    p0 = rng.standard_normal(3001).astype(np.float32)
+    gs = grads(p0.size, 3, seed=7, dtype=np.float32)
+    results = {}
+    for threshold in (1 << 30, 0):
+        monkeypatch.setattr(opt, "SERIAL_BELOW", threshold)
+        got = []
+        for momentum, wd, nesterov in SGD_CASES:
+            p, buf = p0.copy(), np.zeros_like(p0)
+            for g in gs:
+                opt.sgd_step(p, g, 0.1, buf, momentum, wd, nesterov)
+            got += [p, buf]
+        lr, (b1, b2), eps, wd = ADAM_CASES[1]
+        p, m, v = p0.copy(), np.zeros_like(p0), np.zeros_like(p0)
+        for step, g in enumerate(gs, start=1):
+            opt.adam_step(p, g, m, v, step, lr, b1, b2, eps, wd)
+        results[threshold] = got + [p, m, v]
+    for serial, parallel in zip(results[1 << 30], results[0]):
+        np.testing.assert_array_equal(serial, parallel)
+
+
+def test_the_path_follows_the_size():
+    assert opt._on_cpu("parallel", "serial", opt.SERIAL_BELOW - 1) == "serial"
+    assert opt._on_cpu("parallel", "serial", opt.SERIAL_BELOW) == "parallel"
 
 
 @pytest.mark.cuda
