@@ -360,7 +360,8 @@ class Convolution(Layer):
     def forward(self, io):
         x, y = io.bottom[0], io.top[0]
         flat = self._workspace(io, x)
-        if self.fast and self.fast.forward(x, io.params["weight"], io.params.get("bias"), y, flat):
+        if self.fast and self.fast.forward(x, io.params["weight"], io.params.get("bias"), y, flat,
+                                           io.chunk[0] if io.chunk else 0):
             return
         self._reference_allowed(x)
         if self.chunk and on_cpu(x):
@@ -403,7 +404,7 @@ class Convolution(Layer):
         flat = self._workspace(io, dy)
         if self.fast and on_cpu(dy):
             dx, dweight, dbias = self.fast.backward(x, dy, io.params["weight"], dx, dweight,
-                                                    dbias, flat)
+                                                    dbias, flat, io.chunk[0] if io.chunk else 0)
             if dx is None and dweight is None and dbias is None:
                 return
         self._reference_allowed(dy)

@@ -14,7 +14,6 @@ from minilms.kernels import cblas, mkl
 from minilms.kernels.direct import DirectConvolution, winograd, winograd_tiles
 from minilms.layers.convolution import Convolution
 
-from ..blas_bits import assert_bits_or_rounding
 from ..layers.test_convolution_engines import run as run_layer
 from .test_conv_direct import reference, reference_input_grad
 from .test_conv_weight_grad import reference as reference_weight_grad
@@ -35,18 +34,19 @@ def geometry(pad):
     return (3, 3), (1, 1), (pad, pad), (1, 1)
 
 
-def run(x, weight, bias, dy, pad, slots, batch=None):
+def run(x, weight, bias, dy, pad, slots, batch=None, first=0):
     """Forward and backward through a NaN-filled workspace into NaN-filled outputs, so that
-    anything read before it is written, or left unwritten, shows."""
+    anything read before it is written, or left unwritten, shows; ``x`` the layer's samples
+    from ``first`` on, of ``batch``."""
     batch = x.shape[0] if batch is None else batch
     work = np.full(winograd.workspace_elements((batch,) + x.shape[1:], weight.shape, pad, slots),
                    np.nan, np.float32)
     y = np.full(dy.shape, np.nan, np.float32)
     dx, dw = np.full_like(x, np.nan), np.full_like(weight, np.nan)
     db = None if bias is None else np.full(weight.shape[0], np.nan, np.float32)
-    winograd.forward(x, weight, bias, y, work, slots, geometry(pad), batch)
+    winograd.forward(x, weight, bias, y, work, slots, geometry(pad), batch, first)
     work[:] = np.nan
-    winograd.backward(x, dy, weight, dx, dw, db, work, slots, geometry(pad), batch)
+    winograd.backward(x, dy, weight, dx, dw, db, work, slots, geometry(pad), batch, first)
     return y, dx, dw, db
 
 
@@ -136,20 +136,20 @@ def test_matches_the_definition(n, c, o, height, width, pad, m, slots, with_bias
 
 def assert_split_is_whole(x, weight, dy, library, splits, dw_atol=1e-3):
     """The step split at each ``(cuts, threads)`` of ``splits`` (``threads`` None: all of
-    them) against the whole step on ``library``: forward and input gradient bit for bit where
-    the library keeps a row's bits (else to rounding), the weight gradient within ``dw_atol``."""
+    them) against the whole step on ``library``: forward and input gradient bit for bit (a
+    sample's rows at the same place of the same products: even a library whose rows' bits move
+    with their place keeps them), the weight gradient within ``dw_atol``."""
     chosen, threads = mkl.chosen(), numba.get_num_threads()
     try:
         mkl.use(library)
         whole = run(x, weight, None, dy, 1, 3)
         for cuts, count in splits:
             numba.set_num_threads(count or threads)
-            parts = [run(x[a:b], weight, None, dy[a:b], 1, 3, batch=x.shape[0])
+            parts = [run(x[a:b], weight, None, dy[a:b], 1, 3, batch=x.shape[0], first=a)
                      for a, b in zip(cuts, cuts[1:])]
             for i, what in ((0, "forward"), (1, "input gradient")):
-                assert_bits_or_rounding(np.concatenate([p[i] for p in parts]), whole[i],
-                                        f"{what}, cuts {cuts}, {count} threads", library,
-                                        small=True)
+                np.testing.assert_array_equal(np.concatenate([p[i] for p in parts]), whole[i],
+                                              f"{what}, cuts {cuts}, {count} threads")
             np.testing.assert_allclose(sum(p[2] for p in parts), whole[2], rtol=1e-3,
                                        atol=dw_atol)
     finally:
@@ -268,8 +268,9 @@ def test_gradients_it_is_not_asked_for_stay_untouched():
 def test_a_samples_results_do_not_depend_on_the_chunk_or_the_threads(tiles, library, c, o, h,
                                                                     m):
     """A step split along the batch gives the whole step's outputs and input gradient bit for
-    bit, in groups of samples (MKL; a missing sample's rows zero) and in blocks of a sample, with
-    one thread or several, on either library; the weight gradient only to rounding (summed per
+    bit, in groups of samples (the layer's groups: a chunk that starts inside one leaves its
+    first places' rows zero, as a short group its last) and in blocks of a sample, with one
+    thread or several, on either library; the weight gradient only to rounding (summed per
     worker). Odd channel counts: the kernel's transform cut into parts of 16 columns."""
     tiles(m)
     rng = np.random.default_rng(c + h)
@@ -300,6 +301,17 @@ def test_groups_and_blocks():
     assert (blocks - 1) * huge.block < huge.tiles <= blocks * huge.block
     assert winograd._deal(7, 4, 2) in ([(0, 4), (4, 7)], [(0, 7)],
                                        [(0, 2), (2, 4), (4, 6), (6, 7)])
+    # a chunk from the layer's sample 5, groups of 2: sample 5 alone in its group, then pairs
+    assert winograd._places(5, 2, 1) == 1 and winograd._places(4, 2, 1) == 0
+    assert winograd._places(5, 2, 3) == 0          # bands: a sample a unit
+    threads = numba.get_num_threads()
+    for count in range(1, numba.config.NUMBA_NUM_THREADS + 1):
+        numba.set_num_threads(count)
+        runs = winograd._deal(4, 4, 2, lead=1)      # the chunk's samples 0..3: places 1..4
+        numba.set_num_threads(threads)
+        assert runs[0][0] == 0 and runs[-1][1] == 4
+        assert all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
+        assert all((first + 1) % 2 == 0 for first, _ in runs[1:])   # whole groups after the first
 
 
 def test_the_workspace_does_not_depend_on_the_threads():

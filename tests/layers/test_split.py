@@ -391,3 +391,42 @@ def test_convolution_and_batch_norm_split_on_cuda():
                 set_params(run, 9)
                 outs.append(run_steps(run, [x], 9, None))
             compare(outs[1], outs[0], run.layer, 2, np.float32, True, run.layer.type)
+
+
+
+@pytest.mark.parametrize("chunks", [[3, 5], [1, 6, 1], 8])
+@pytest.mark.parametrize("channels, out, plane, m", [(48, 48, 14, 2), (37, 29, 9, 4)])
+def test_winograd_groups_give_a_split_step_the_whole_steps_bits(monkeypatch, chunks, channels,
+                                                                 out, plane, m):
+    """3x3 convolutions at batch 8 on small planes: Winograd's samples go in the layer's groups
+    of two (``kernels/direct/winograd.py``), and a chunk that starts inside a group (sample 3,
+    7) leaves its first place empty, so each sample's rows sit where the whole step puts them:
+    the outputs and the input gradient bit for bit on any BLAS, the weight gradient to rounding.
+    The second shape (the rule widened to take it, F(4, 3)) is one where OpenBLAS gave a row
+    other bits at the other place of its group: the layer must hand the chunk's first sample
+    down to the kernels."""
+    from minilms.kernels.direct import winograd
+    monkeypatch.setattr(winograd, "WINOGRAD_PLANE", 1)
+    monkeypatch.setattr(winograd, "WINOGRAD_CHANNELS", 1)
+    monkeypatch.setattr(winograd, "tile_size", lambda *args: m)
+    n = 8
+
+    def case(rng, n, dt):
+        return (make("Convolution", num_output=out, kernel_size=3, pad=1, bias=False),
+                [batch(rng, dt, n, channels, plane, plane)], None)
+    results = []
+    for split in (None, chunks):
+        layer, bottoms, down = fresh(case, 5, n, np.float32)
+        with CpuDevice(256 * MiB) as device:
+            shapes = [b.shape for b in bottoms]
+            run = LayerRun(device, layer, shapes, np.float32, seed=0) if split is None else \
+                SplitRun(device, layer, shapes, np.float32, seed=0, chunks=split)
+            assert layer.fast.winograd_slots and winograd._layouts(
+                shapes[0], (out, channels, 3, 3), 1)[0].group == 2
+            set_params(run, 5)
+            results.append(run_steps(run, bottoms, 5, down))
+    whole, split = results
+    for name in ("top0", "bottom_grad.0"):
+        np.testing.assert_array_equal(split[name], whole[name], err_msg=name)
+    np.testing.assert_allclose(split["param_grad.weight"], whole["param_grad.weight"],
+                               rtol=1e-4, atol=1e-4 * np.abs(whole["param_grad.weight"]).max())

@@ -119,9 +119,10 @@ class DirectConvolution:
     def _applies(self, array) -> bool:
         return on_cpu(array) and conv.supports(array.dtype, self.groups)
 
-    def forward(self, x, weight, bias, y, work) -> bool:
+    def forward(self, x, weight, bias, y, work, first: int = 0) -> bool:
         """``y = conv(x, weight) + bias`` through ``work``; False, with nothing written, where
-        this engine does not apply or ``work`` holds less than one sample's prepared input."""
+        this engine does not apply or ``work`` holds less than one sample's prepared input.
+        ``first``: the layer's index of ``x[0]`` (a split step's chunk starts there)."""
         if not self._applies(x):
             return False
         if self.pointwise:
@@ -129,7 +130,7 @@ class DirectConvolution:
             return True
         if self.winograd_slots:
             winograd.forward(x, weight, bias, y, work, self.winograd_slots, self.geometry,
-                             self.batch)
+                             self.batch, first)
             return True
         if self.window_slots:
             windows.forward(x, weight, bias, y, work, self.window_slots, self.geometry)
@@ -143,9 +144,10 @@ class DirectConvolution:
         conv.conv_forward_direct(x, weight, bias, y, work, chunk, self.geometry)
         return True
 
-    def backward(self, x, dy, weight, dx, dweight, dbias, work):
+    def backward(self, x, dy, weight, dx, dweight, dbias, work, first: int = 0):
         """Writes the gradients it computes faster (each overwritten) and returns ``(dx, dweight,
-        dbias)`` with None in place of those: what is left for im2col + GEMM."""
+        dbias)`` with None in place of those: what is left for im2col + GEMM. ``first`` as for
+        ``forward``."""
         if not self._applies(dy):
             return dx, dweight, dbias
         if self.pointwise:
@@ -154,7 +156,7 @@ class DirectConvolution:
             return None, None, None
         if self.winograd_slots:
             winograd.backward(x, dy, weight, dx, dweight, dbias, work, self.winograd_slots,
-                              self.geometry, self.batch)
+                              self.geometry, self.batch, first)
             return None, None, None
         if self.window_slots:
             windows.backward(x, dy, weight, dx, dweight, dbias, work, self.window_slots,

@@ -33,10 +33,11 @@ than the GEMMs ran. This module lays out the workspace, transforms the kernel (a
 [a^2, 9]``) and deals the samples out to workers.
 
 Deterministic: a block's GEMMs always have the same shape (a sample's tiles are cut into the same
-blocks; a group short of samples has zero rows), a GEMM is one thread's, and a row's bits depend
-only on its own data and the shape, not on where it sits (MKL; OpenBLAS's small products do not
-always keep that, so there a sample is a block of its own), so the forward and ``dx`` of a sample
-are its own: a split step's equal the whole step's.
+blocks; a group short of samples has zero rows), a GEMM is one thread's, and a sample's rows sit
+at the same place of it whatever the chunk (the groups are the layer's: a chunk that starts
+inside one leaves its first places empty). A row's bits depend only on its own data, the shape
+and its place (MKL's not even on the place; OpenBLAS's small products do), so the forward and
+``dx`` of a sample are its own: a split step's equal the whole step's.
 ``dW`` sums blocks in sample order per worker, then the workers' sums: its bits depend on the
 thread count and are regrouped when a step is split, as the row windows' are. Against the direct
 product the result differs by the transforms' float32 rounding (the tests bound it against a
@@ -226,16 +227,17 @@ def _in_parts(a, b, out, workers: int, by_rows: bool) -> None:
         run_workers(lambda t: mkl.product(a, b[:, cuts[t]], out[:, cuts[t]], library), workers)
 
 
-def _deal(samples: int, slots: int, group: int, bands: int = 1):
-    """Each worker's units, a contiguous run ``(first, stop)``: of samples in whole groups or,
-    where a sample goes in ``bands`` bands, of ``sample * bands + band``; a worker per thread, at
-    most one per slot."""
+def _deal(samples: int, slots: int, group: int, bands: int = 1, lead: int = 0):
+    """Each worker's units, a contiguous run ``(first, stop)``: of samples in whole groups (the
+    first group starting ``lead`` places before sample 0) or, where a sample goes in ``bands``
+    bands, of ``sample * bands + band``; a worker per thread, at most one per slot."""
     if bands > 1:
-        samples, group = samples * bands, 1
-    groups = -(-samples // group)
+        samples, group, lead = samples * bands, 1, 0
+    groups = -(-(samples + lead) // group)
     workers = max(1, min(numba.get_num_threads(), slots, groups))
-    return [(min(samples, group * (groups * t // workers)),
-             min(samples, group * (groups * (t + 1) // workers))) for t in range(workers)]
+    return [(max(0, group * (groups * t // workers) - lead),
+             min(samples, group * (groups * (t + 1) // workers) - lead))
+            for t in range(workers)]
 
 
 def _rooms(work, slots, kernel, layout):
@@ -248,27 +250,32 @@ def _gemm(layout):
     """``(cblas_sgemm, group, block)`` the blocks' products run on: the chosen library's
     (``mkl.chosen``; the other where that one has none) whatever their size (``mkl.MIN_FLOPS``
     does not apply: called from Numba, a product costs no Python; and from two workers at once
-    OpenBLAS's small products measured slower than MKL's and did not scale). On MKL a small
-    plane's samples go in groups; on OpenBLAS a sample a block: its small products gave a row
-    other bits where it sat elsewhere in the block (MKL never), and a sample's place in a group
-    moves with the chunk."""
-    gemm, library = cblas.chosen_sgemm()
-    if library == "mkl":
-        return gemm, layout.group, layout.block
-    return gemm, 1, layout.sample_block
+    OpenBLAS's small products measured slower than MKL's and did not scale)."""
+    gemm, _ = cblas.chosen_sgemm()
+    return gemm, layout.group, layout.block
 
 
-def _convolve(x, u, u_trans, bias, y, work, slots, pad, layout):
+def _places(first: int, group: int, bands: int) -> int:
+    """Where the first group of a chunk starting at the layer's sample ``first`` starts: the
+    layer's groups, ``group`` samples from sample 0 on, whatever the chunk. So a sample's rows
+    sit at the same place of a product of the same shape whether its step is split or not:
+    OpenBLAS's small products give a row other bits at another place (MKL's never did)."""
+    return 0 if bands > 1 else first % group
+
+
+def _convolve(x, u, u_trans, bias, y, work, slots, pad, layout, first):
     """``y = conv(x) + bias`` with the transformed kernel ``u`` (``convolve_samples``): a run of
-    samples per worker."""
+    samples per worker; ``x[0]`` is the layer's sample ``first``."""
     rooms = _rooms(work, slots, u.size, layout)
     gemm, group, block = _gemm(layout)
-    runs = _deal(x.shape[0], slots, group, layout.bands)
+    lead = _places(first, group, layout.bands)
+    runs = _deal(x.shape[0], slots, group, layout.bands, lead)
     shift = bias if bias is not None else np.zeros(y.shape[1], np.float32)
 
     def worker(t):
-        convolve_samples(gemm, x, *runs[t], u, u_trans, shift, y, pad, group, block,
-                         layout.tiles_w, layout.m, layout.bands, layout.band_rows, *rooms[t])
+        convolve_samples(gemm, x, *runs[t], (runs[t][0] + lead) % group, u, u_trans, shift, y,
+                         pad, group, block, layout.tiles_w, layout.m, layout.bands,
+                         layout.band_rows, *rooms[t])
 
     run_workers(worker, len(runs))
 
@@ -277,19 +284,20 @@ def _kernel(work, weight, m):
     return work[:_kernel_size(weight.shape, m)].reshape((m + 2) ** 2, *weight.shape[:2])
 
 
-def forward(x, weight, bias, y, work, slots, geometry, batch) -> None:
+def forward(x, weight, bias, y, work, slots, geometry, batch, first: int = 0) -> None:
     """``y = conv(x, weight) + bias`` (bias may be None) through ``work``
     (``workspace_elements`` for ``slots``); ``x`` is all or a chunk of a layer of ``batch``
-    samples."""
+    samples, from its sample ``first`` on."""
     pad = geometry[2][0]
     layout = _layouts(x.shape, weight.shape, pad, batch)[0]
     u = _kernel(work, weight, layout.m)
     transform_weights(weight, u, layout.m, False,
                       len(_deal(batch, slots, layout.group, layout.bands)))
-    _convolve(x, u, True, bias, y, work, slots, pad, layout)
+    _convolve(x, u, True, bias, y, work, slots, pad, layout, first)
 
 
-def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry, batch) -> None:
+def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry, batch,
+             first: int = 0) -> None:
     """The gradients (each overwritten; None where not wanted) through ``work``
     (``workspace_elements`` for ``slots``); ``x`` as in ``forward``."""
     samples, out = dy.shape[0], dy.shape[1]
@@ -301,25 +309,27 @@ def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry, batch) ->
     if dweight is not None:
         kernel = _kernel_size(weight.shape, layout.m)
         mw = work[kernel:2 * kernel].reshape(layout.alpha ** 2, out, weight.shape[1])
-        _weight_sums(x, dy, mw, work, slots, pad, layout)
+        _weight_sums(x, dy, mw, work, slots, pad, layout, first)
         restore_weights(mw, dweight, layout.m, workers)
     if dx is not None:      # the forward of dy, the kernel turned round: u[k] is [in, out]
         u = _kernel(work, weight, layout.m)
         transform_weights(weight, u, layout.m, True, workers)
-        _convolve(dy, u, False, None, dx, work, slots, 2 - pad, turned)
+        _convolve(dy, u, False, None, dx, work, slots, 2 - pad, turned, first)
 
 
-def _weight_sums(x, dy, mw, work, slots, pad, layout):
+def _weight_sums(x, dy, mw, work, slots, pad, layout, first):
     """``mw[k] = sum over tiles of V[k]^T @ Y[k]``: per worker (the first's in the workspace,
     the others' temporaries, as the row windows'), then the workers' sums in worker order."""
     rooms = _rooms(work, slots, mw.size, layout)
     gemm, group, block = _gemm(layout)
-    runs = _deal(x.shape[0], slots, group, layout.bands)
+    lead = _places(first, group, layout.bands)
+    runs = _deal(x.shape[0], slots, group, layout.bands, lead)
     sums = [mw] + [np.empty_like(mw) for _ in runs[1:]]
 
     def worker(t):
-        weight_sums(gemm, x, dy, *runs[t], sums[t], pad, group, block, layout.tiles_w,
-                    layout.m, layout.bands, layout.band_rows, *rooms[t])
+        weight_sums(gemm, x, dy, *runs[t], (runs[t][0] + lead) % group, sums[t], pad, group,
+                    block, layout.tiles_w, layout.m, layout.bands, layout.band_rows,
+                    *rooms[t])
 
     run_workers(worker, len(runs))
     for other in sums[1:]:

@@ -256,60 +256,64 @@ def _band(unit, bands, band_rows, tiles_h, tiles_w):
 
 
 @njit(cache=True, nogil=True)
-def convolve_samples(gemm, x, first, stop, u, u_trans, bias, y, pad, group, block, tiles_w, m,
-                     bands, band_rows, xt, v, mm, yt):
+def convolve_samples(gemm, x, first, stop, lead, u, u_trans, bias, y, pad, group, block, tiles_w,
+                     m, bands, band_rows, xt, v, mm, yt):
     """``y[n] = conv(x[n]) + bias`` for the units ``first <= n < stop`` (samples, or where
     ``bands`` > 1 bands of ``band_rows`` tile rows of them) with the transformed kernel ``u``
     (``u[k]`` ``[out, in]`` where ``u_trans``, else ``[in, out]``): a group's (or a band's)
     copies, its blocks' transforms and GEMMs, and its outputs' copies, in one call (``gemm``:
-    ``cblas.sgemm``'s)."""
+    ``cblas.sgemm``'s). The first group starts ``lead`` places before ``first``: sample ``n``
+    sits at place ``(n + lead - first) % group`` of its group, the rows of a place without a
+    sample 0."""
     channels, out = x.shape[1], y.shape[1]
     tiles_h = -(-y.shape[2] // m)
     trans = TRANS if u_trans else NO_TRANS
-    for unit in range(first, stop, group):
+    for unit in range(first - lead, stop, group):
         head, first_row, tiles = _band(unit, bands, band_rows, tiles_h, tiles_w)
-        samples = min(group, stop - unit)
-        for j in range(samples):
+        low, high = max(0, first - unit), min(group, stop - unit)     # the places with samples
+        for j in range(low, high):
             to_channels_last(x[head + j], xt[j], pad, m * first_row)
         if group > 1:
-            v[:, samples * tiles:] = 0      # a missing sample's rows
+            v[:, :low * tiles] = 0      # the places without a sample
+            v[:, high * tiles:] = 0
         for start in range(0, tiles if group == 1 else 1, block):
             rows = block if group > 1 else min(block, tiles - start)
-            for j in range(samples):
-                count = tiles if group > 1 else rows
+            count = tiles if group > 1 else rows
+            for j in range(low, high):
                 turn_tiles(xt[j], start, count, tiles_w, m, False, v, j * tiles)
             for k in range(v.shape[0]):
                 gemm(ROW_MAJOR, NO_TRANS, trans, rows, out, channels, 1.0, v[k].ctypes.data,
                      channels, u[k].ctypes.data, u.shape[2], 0.0, mm[k].ctypes.data, out)
-            for j in range(samples):
-                count = tiles if group > 1 else rows
+            for j in range(low, high):
                 untile(mm, j * tiles, start, count, tiles_w, m, yt[j])
-        for j in range(samples):
+        for j in range(low, high):
             from_channels_last(yt[j], y[head + j], bias, m * first_row)
 
 
 @njit(cache=True, nogil=True)
-def weight_sums(gemm, x, dy, first, stop, mw, pad, group, block, tiles_w, m, bands, band_rows,
-                xt, v, turned, dyt):
+def weight_sums(gemm, x, dy, first, stop, lead, mw, pad, group, block, tiles_w, m, bands,
+                band_rows, xt, v, turned, dyt):
     """``mw[k] = sum of Y[k]^T @ V[k]`` (``[O, C]``) over the tiles of the units ``first <= n <
-    stop`` (as ``convolve_samples``'), in unit and block order (``mw`` overwritten)."""
+    stop`` (placed in groups as ``convolve_samples``' are; a sum's inner dimension is the
+    places with samples), in unit and block order (``mw`` overwritten)."""
     out, channels = mw.shape[1], mw.shape[2]
     tiles_h = -(-dy.shape[2] // m)
     beta = 0.0
-    for unit in range(first, stop, group):
+    for unit in range(first - lead, stop, group):
         head, first_row, tiles = _band(unit, bands, band_rows, tiles_h, tiles_w)
-        samples = min(group, stop - unit)
-        for j in range(samples):
+        low, high = max(0, first - unit), min(group, stop - unit)
+        for j in range(low, high):
             to_channels_last(x[head + j], xt[j], pad, m * first_row)
             to_channels_last(dy[head + j], dyt[j], 0, m * first_row)
         for start in range(0, tiles if group == 1 else 1, block):
-            rows = samples * tiles if group > 1 else min(block, tiles - start)
-            for j in range(samples):
-                count = tiles if group > 1 else rows
+            rows = (high - low) * tiles if group > 1 else min(block, tiles - start)
+            at = low * tiles if group > 1 else 0
+            count = tiles if group > 1 else rows
+            for j in range(low, high):
                 turn_tiles(xt[j], start, count, tiles_w, m, False, v, j * tiles)
                 turn_tiles(dyt[j], start, count, tiles_w, m, True, turned, j * tiles)
             for k in range(v.shape[0]):
                 gemm(ROW_MAJOR, TRANS, NO_TRANS, out, channels, rows, 1.0,
-                     turned[k].ctypes.data, out, v[k].ctypes.data, channels, beta,
+                     turned[k, at:].ctypes.data, out, v[k, at:].ctypes.data, channels, beta,
                      mw[k].ctypes.data, channels)
             beta = 1.0
