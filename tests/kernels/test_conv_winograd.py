@@ -264,14 +264,15 @@ def test_gradients_it_is_not_asked_for_stay_untouched():
 
 @pytest.mark.parametrize("library", LIBRARIES)
 @pytest.mark.parametrize("c, o, h, m", [(13, 23, 14, 2), (8, 8, 28, 4), (48, 16, 7, 4),
-                                        (8, 8, 40, 2), (37, 29, 9, 4)])
+                                        (8, 8, 40, 2), (37, 29, 9, 4), (50, 70, 9, 2)])
 def test_a_samples_results_do_not_depend_on_the_chunk_or_the_threads(tiles, library, c, o, h,
                                                                     m):
     """A step split along the batch gives the whole step's outputs and input gradient bit for
     bit, in groups of samples (the layer's groups: a chunk that starts inside one leaves its
     first places' rows zero, as a short group its last) and in blocks of a sample, with one
     thread or several, on either library; the weight gradient only to rounding (summed per
-    worker). Odd channel counts: the kernel's transform cut into parts of 16 columns."""
+    worker). Odd channel counts: the kernel's transform cut into parts of 16 columns. (50, 70,
+    9): a shape where OpenBLAS gave a row of a group's product other bits at its other place."""
     tiles(m)
     rng = np.random.default_rng(c + h)
     n = 9       # groups of 2 on the small planes, the last one short

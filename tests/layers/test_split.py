@@ -395,16 +395,16 @@ def test_convolution_and_batch_norm_split_on_cuda():
 
 
 @pytest.mark.parametrize("chunks", [[3, 5], [1, 6, 1], 8])
-@pytest.mark.parametrize("channels, out, plane, m", [(48, 48, 14, 2), (37, 29, 9, 4)])
+@pytest.mark.parametrize("channels, out, plane, m", [(48, 48, 14, 2), (50, 70, 9, 2)])
 def test_winograd_groups_give_a_split_step_the_whole_steps_bits(monkeypatch, chunks, channels,
                                                                  out, plane, m):
     """3x3 convolutions at batch 8 on small planes: Winograd's samples go in the layer's groups
     of two (``kernels/direct/winograd.py``), and a chunk that starts inside a group (sample 3,
     7) leaves its first place empty, so each sample's rows sit where the whole step puts them:
     the outputs and the input gradient bit for bit on any BLAS, the weight gradient to rounding.
-    The second shape (the rule widened to take it, F(4, 3)) is one where OpenBLAS gave a row
-    other bits at the other place of its group: the layer must hand the chunk's first sample
-    down to the kernels."""
+    The second shape (the rule widened to take it) is one where OpenBLAS gave a row other bits at
+    the other place of its group: the layer must hand the chunk's first sample down to the
+    kernels."""
     from minilms.kernels.direct import winograd
     monkeypatch.setattr(winograd, "WINOGRAD_PLANE", 1)
     monkeypatch.setattr(winograd, "WINOGRAD_CHANNELS", 1)
