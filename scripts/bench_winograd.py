@@ -2,6 +2,7 @@
 device's other paths, layer by layer and in training.
 
     python scripts/bench_winograd.py [--models resnet50:224:8 googlenet:224:8] [--pairs 12]
+                                     [--groups]
 
 Two parts, each alternating its contenders in one process (a VM's speed drifts):
 
@@ -13,6 +14,12 @@ Two parts, each alternating its contenders in one process (a VM's speed drifts):
    reference, relative to the output's largest magnitude;
 2. **training**: each net LMS off, built twice (Winograd's where it pays, and nowhere), its
    iterations alternating in pairs (``bench_windows.time_training``).
+
+``--groups`` times instead a small plane's samples in groups against a sample a block
+(``winograd.GROUPS``, the rule ``_gemm``): the same two parts, each alternating the switch, on
+the layer shapes whose samples go in groups (forward and backward of F(2, 3) and F(4, 3), their
+medians and ratio), and in training, where the Winograd layers' time by plane is shown beside
+the iteration's (a control: the layers the switch does not touch move with the noise).
 
 ``--smoke``: tiny, for the test suite.
 """
@@ -121,19 +128,125 @@ def time_layers(shapes, rounds):
                   f"{error:8.1e}")
 
 
+def time_groups(shapes, rounds):
+    """Per small-plane shape, F(2, 3) and F(4, 3) with ``winograd.GROUPS`` off and on, calls
+    alternating: ms (median) and the ratio."""
+    import numpy as np
+    from bench_windows import alternate
+
+    from minilms.kernels.direct import winograd
+    rng = np.random.default_rng(0)
+    print(f"{'layer':16} {'input':>16} {'out':>4} {'m':>2} {'group':>5} {'pass':8} "
+          f"{'a sample':>8} {'groups':>7} {'ratio':>6}  (ms, median of alternating calls)")
+    for name, x_shape, w_shape, pad in shapes:
+        out_hw = (x_shape[2] + 2 * pad - 2, x_shape[3] + 2 * pad - 2)
+        x = rng.standard_normal(x_shape, dtype=np.float32)
+        weight = (rng.standard_normal(w_shape, dtype=np.float32) /
+                  np.sqrt(9 * w_shape[1])).astype(np.float32)
+        dy = rng.standard_normal((x_shape[0], w_shape[0]) + out_hw, dtype=np.float32)
+        ways, _ = paths(x, weight, dy, pad)
+        for m in (2, 4):
+            with tiles_of(m):
+                group = winograd._layouts(x_shape, w_shape, pad)[0].group
+            if group == 1:
+                continue
+            for index, label in ((0, "forward"), (1, "backward")):
+                call = ways[f"F({m}, 3)"][index]
+                one, grouped = alternate([_switched(call, False), _switched(call, True)],
+                                         rounds)
+                print(f"{name:16} {'x'.join(map(str, x_shape)):>16} {w_shape[0]:4d} {m:2d} "
+                      f"{group:5d} {label:8} {one * 1e3:8.2f} {grouped * 1e3:7.2f} "
+                      f"{one / grouped:5.3f}x")
+
+
+def _switched(call, groups: bool):
+    from minilms.kernels.direct import winograd
+
+    def run():
+        winograd.GROUPS = groups
+        try:
+            call()
+        finally:
+            winograd.GROUPS = True
+    return run
+
+
+def training_groups(case, pairs):
+    """LMS off, one executor, iterations alternating ``winograd.GROUPS``: ``({switch: [s]},
+    {(switch, plane, pass): s summed over the turns})`` for the Winograd layers."""
+    import collections
+    import time
+
+    from bench_fullsize import training
+    from tqdm import tqdm
+
+    from minilms.kernels.direct import winograd
+    net, inputs, executor, _, _ = training(dict(case, lms=False), 8)
+    run_step, spent = executor.run_step, collections.defaultdict(float)
+    switch = [True]
+
+    def timed(index, step, train, solver):
+        began = time.perf_counter()
+        run_step(index, step, train, solver)
+        layer = net.layer[step.layer]
+        if getattr(getattr(layer, "fast", None), "winograd_slots", 0) and step.kind != "update":
+            spent[(switch[0], f"{layer.out_h}x{layer.out_w}", step.kind)] += \
+                time.perf_counter() - began
+    seconds = {True: [], False: []}
+    executor.run_step = timed
+    try:
+        for turn in tqdm(range(1 + pairs), desc=case["model"], leave=False):  # 1st warms up
+            for on in ((True, False) if turn % 2 else (False, True)):
+                winograd.GROUPS, switch[0] = on, on
+                began = time.perf_counter()
+                executor.iterate(inputs)
+                if turn:
+                    seconds[on].append(time.perf_counter() - began)
+                else:
+                    spent.clear()
+    finally:
+        winograd.GROUPS = True
+        executor.device.close()
+    return seconds, spent
+
+
+def print_training_groups(cases, pairs) -> None:
+    import numpy as np
+    print(f"\n{'net (LMS off)':20} {'a sample s':>10} {'groups s':>8} {'paired':>7}  the Winograd "
+          "layers by plane, ms an iteration (a sample / groups)")
+    for case in cases:
+        seconds, spent = training_groups(case, pairs)
+        one, grouped = np.array(seconds[False]), np.array(seconds[True])
+        planes = sorted({key[1:] for key in spent})
+        layers = ", ".join(f"{plane} {kind} {spent[(False, plane, kind)] / pairs * 1e3:.1f} / "
+                           f"{spent[(True, plane, kind)] / pairs * 1e3:.1f}"
+                           for plane, kind in planes)
+        name = f"{case['model']} {case['size']} b{case['batch']}"
+        print(f"{name:20} {np.median(one):10.3f} {np.median(grouped):8.3f} "
+              f"{np.median(one / grouped):6.3f}x  {layers or 'none takes Winograd'}")
+
+
 def main(argv=None) -> int:
     from bench_windows import arguments
-    args = arguments(__doc__).parse_args(argv)
+    parser = arguments(__doc__)
+    parser.add_argument("--groups", action="store_true",
+                        help="groups of samples against a sample a block (winograd.GROUPS)")
+    args = parser.parse_args(argv)
     import minilms  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
     import numpy as np
 
     from bench_fullsize import build, parse_case
     from bench_windows import path_switch, print_training
     cases = [parse_case(text, "bench_winograd: --models") for text in args.models]
-    if args.smoke:
-        cases = [{"model": "resnet50", "size": 64, "batch": 2, "width": 16, "classes": 10}]
+    if args.smoke:      # with --groups, a batch whose small planes' samples go in groups
+        cases = [{"model": "resnet50", "size": 32 if args.groups else 64,
+                  "batch": 8 if args.groups else 2, "width": 16, "classes": 10}]
         args.pairs, args.rounds = 1, 1
     nets = [build(case, np)[0] for case in cases]
+    if args.groups:
+        time_groups(layer_shapes(nets), args.rounds)
+        print_training_groups(cases, args.pairs)
+        return 0
     time_layers(layer_shapes(nets), args.rounds)
     print_training(cases, args.pairs, "Winograd", *path_switch("winograd"))
     return 0

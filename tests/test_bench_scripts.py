@@ -210,6 +210,20 @@ def test_bench_winograd_smoke(capsys):
     assert re.search(r"^resnet50 64 b2 +0 +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
 
 
+def test_bench_winograd_groups_smoke(capsys):
+    """``--groups``: a row per small-plane shape, tile size and pass (a sample a block and groups
+    alternating, ms and ratio), then a row per net (the smoke net's few channels take no
+    Winograd: its layers' part says so)."""
+    assert run_script("bench_winograd.py", "--smoke", "--groups") == 0
+    out = capsys.readouterr().out
+    for m in (2, 4):
+        for label in ("forward", "backward"):
+            assert re.search(rf"^res2a_2 +8x\d+x8x8 +\d+ +{m} +2 {label} +[\d.]+ +[\d.]+ "
+                             r"+[\d.]+x$", out, re.M), out
+    assert re.search(r"^resnet50 32 b8 +[\d.]+ +[\d.]+ +[\d.]+x  none takes Winograd$", out,
+                     re.M), out
+
+
 def test_bench_fullsize_says_why_pytorch_does_not_run(tmp_path):
     """An interpreter without torch, and one with torch where minilms does not import (the
     PyTorch worker builds its net with minilms' zoo): each named, with what to do."""
@@ -249,3 +263,14 @@ def test_bench_cuda_smoke():
         match = re.search(rf"^gemm {variant} n=64: [\d.]+ TFLOP/s, rel err ([\d.e+-]+)", out, re.M)
         assert match and float(match.group(1)) < 1e-5, out
     assert len(re.findall(r"^launch: .+: [\d.]+ us$", out, re.M)) == 5, out
+
+
+def test_bench_updates_smoke(capsys):
+    """A row per size (the workers' us, the serial kernel's, their ratio, the same bits: asserted,
+    the two compute each element alike), then a row per net, the two rules alternating."""
+    assert run_script("bench_updates.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    for size in (256, 262144):
+        assert re.search(rf"^ +{size} +[\d.]+ +[\d.]+ +[\d.]+x  yes$", out, re.M), out
+    assert re.search(r"^resnet50 32 b2 +[\d.]+ +[\d.]+ +[\d.]+x  [\d.]+ / [\d.]+, [\d.]+ / [\d.]+$",
+                     out, re.M), out

@@ -98,6 +98,7 @@ GROUP_TILES = 128   # a plane of fewer tiles goes in a group of samples, about t
 # rather than whole (the largest at 224x224, GoogLeNet's conv3, hold 2.6M; at 2240x2240 a whole
 # plane's copies alone are 20M and more).
 BAND_WORKER = 4 << 20
+GROUPS = True       # False: a sample a block on every library (``bench_winograd.py --groups``)
 
 
 class _Layout:
@@ -255,7 +256,7 @@ def _gemm(layout):
     F(2, 3) (14x14: forward 1.03-1.15x, backward even); there F(4, 3)'s taller products ran
     slower (28x28: backward 0.88-0.92x; docs/benchmarks.md, "Why the code chose")."""
     gemm, library = cblas.chosen_sgemm()
-    if library == "mkl" or layout.m == 2:
+    if GROUPS and (library == "mkl" or layout.m == 2):
         return gemm, layout.group, layout.block
     return gemm, 1, layout.sample_block
 
