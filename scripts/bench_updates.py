@@ -54,7 +54,7 @@ def time_training(case, pairs: int):
     """``({rule: [iteration s]}, {(rule, small): update steps' s summed})``, LMS off."""
     import numpy as np
     from bench_fullsize import training
-    from tqdm import tqdm
+    from bench_windows import alternating_iterations
 
     from minilms.kernels import optimizers
     net, inputs, executor, _, _ = training(dict(case, lms=False), 8)
@@ -66,18 +66,12 @@ def time_training(case, pairs: int):
         if step.kind == "update":
             size = max(int(np.prod(p.shape)) for p in net.learnable(net.layer[step.layer]))
             spent[(rule_now[0], size < 1 << 18)] += time.perf_counter() - began
-    seconds = {0: [], 1 << 18: []}
+    def switched(rule):
+        optimizers.SERIAL_BELOW = rule_now[0] = rule
     executor.run_step = timed
     try:
-        for turn in tqdm(range(1 + pairs), desc=case["model"], leave=False):  # 1st warms up
-            for rule in (0, 1 << 18) if turn % 2 else (1 << 18, 0):
-                optimizers.SERIAL_BELOW = rule_now[0] = rule
-                began = time.perf_counter()
-                executor.iterate(inputs)
-                if turn:
-                    seconds[rule].append(time.perf_counter() - began)
-                else:
-                    spent.clear()
+        seconds = alternating_iterations(executor, inputs, pairs, case["model"], switched,
+                                         (0, 1 << 18), spent.clear)
     finally:
         optimizers.SERIAL_BELOW = 1 << 18
         executor.device.close()

@@ -144,6 +144,25 @@ def patched(module, name, value):
         setattr(module, name, before)
 
 
+def alternating_iterations(executor, inputs, pairs: int, desc: str, switch, values,
+                           warmed=lambda: None) -> dict:
+    """``{value: [s an iteration]}``: ``executor``'s iterations in ``1 + pairs`` pairs, each
+    pair running ``switch(value)`` then an iteration for both ``values``, in turn first; the
+    first pair warms up (untimed, ``warmed()`` after it)."""
+    from tqdm import tqdm
+    seconds = {value: [] for value in values}
+    for turn in tqdm(range(1 + pairs), desc=desc, leave=False):
+        for value in values if turn % 2 else values[::-1]:
+            switch(value)
+            began = time.perf_counter()
+            executor.iterate(inputs)
+            if turn:
+                seconds[value].append(time.perf_counter() - began)
+        if not turn:
+            warmed()
+    return seconds
+
+
 # The direct engine's paths that take a layer whole: the module, and the engine's attribute that
 # counts its slots (nonzero where it took the layer).
 WHOLE_LAYER_PATHS = {"windows": "window_slots", "winograd": "winograd_slots",

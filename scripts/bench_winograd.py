@@ -86,6 +86,18 @@ def paths(x, weight, dy, pad):
     return ways, y
 
 
+def operands(rng, x_shape, w_shape, pad):
+    """``(out_hw, x, weight, dy)``: a layer shape's random operands, the weights scaled as an
+    initialiser's."""
+    import numpy as np
+    out_hw = (x_shape[2] + 2 * pad - 2, x_shape[3] + 2 * pad - 2)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    weight = (rng.standard_normal(w_shape, dtype=np.float32) /
+              np.sqrt(9 * w_shape[1])).astype(np.float32)
+    dy = rng.standard_normal((x_shape[0], w_shape[0]) + out_hw, dtype=np.float32)
+    return out_hw, x, weight, dy
+
+
 def forward_error(x, weight, pad, y):
     """``max |y - reference| / max |reference|``, the reference in float64 (an einsum per
     tap)."""
@@ -108,11 +120,7 @@ def time_layers(shapes, rounds):
           f"{'F(2,3)':>7} {'F(4,3)':>7} {'m':>2} {'vs best':>7}  pays  {'error':>8}  (ms, "
           "median of alternating calls)")
     for name, x_shape, w_shape, pad in shapes:
-        out_hw = (x_shape[2] + 2 * pad - 2, x_shape[3] + 2 * pad - 2)
-        x = rng.standard_normal(x_shape, dtype=np.float32)
-        weight = (rng.standard_normal(w_shape, dtype=np.float32) /
-                  np.sqrt(9 * w_shape[1])).astype(np.float32)
-        dy = rng.standard_normal((x_shape[0], w_shape[0]) + out_hw, dtype=np.float32)
+        out_hw, x, weight, dy = operands(rng, x_shape, w_shape, pad)
         ways, y = paths(x, weight, dy, pad)
         m = winograd.tile_size(w_shape, out_hw)
         pays = winograd.pays(w_shape, ((3, 3), (1, 1), (pad, pad), (1, 1)),
@@ -139,11 +147,7 @@ def time_groups(shapes, rounds):
     print(f"{'layer':16} {'input':>16} {'out':>4} {'m':>2} {'group':>5} {'pass':8} "
           f"{'a sample':>8} {'groups':>7} {'ratio':>6}  (ms, median of alternating calls)")
     for name, x_shape, w_shape, pad in shapes:
-        out_hw = (x_shape[2] + 2 * pad - 2, x_shape[3] + 2 * pad - 2)
-        x = rng.standard_normal(x_shape, dtype=np.float32)
-        weight = (rng.standard_normal(w_shape, dtype=np.float32) /
-                  np.sqrt(9 * w_shape[1])).astype(np.float32)
-        dy = rng.standard_normal((x_shape[0], w_shape[0]) + out_hw, dtype=np.float32)
+        out_hw, x, weight, dy = operands(rng, x_shape, w_shape, pad)
         ways, _ = paths(x, weight, dy, pad)
         for m in (2, 4):
             with tiles_of(m):
@@ -178,7 +182,7 @@ def training_groups(case, pairs):
     import time
 
     from bench_fullsize import training
-    from tqdm import tqdm
+    from bench_windows import alternating_iterations
 
     from minilms.kernels.direct import winograd
     net, inputs, executor, _, _ = training(dict(case, lms=False), 8)
@@ -192,18 +196,12 @@ def training_groups(case, pairs):
         if getattr(getattr(layer, "fast", None), "winograd_slots", 0) and step.kind != "update":
             spent[(switch[0], f"{layer.out_h}x{layer.out_w}", step.kind)] += \
                 time.perf_counter() - began
-    seconds = {True: [], False: []}
+    def switched(on):
+        winograd.GROUPS = switch[0] = on
     executor.run_step = timed
     try:
-        for turn in tqdm(range(1 + pairs), desc=case["model"], leave=False):  # 1st warms up
-            for on in ((True, False) if turn % 2 else (False, True)):
-                winograd.GROUPS, switch[0] = on, on
-                began = time.perf_counter()
-                executor.iterate(inputs)
-                if turn:
-                    seconds[on].append(time.perf_counter() - began)
-                else:
-                    spent.clear()
+        seconds = alternating_iterations(executor, inputs, pairs, case["model"], switched,
+                                         (True, False), spent.clear)
     finally:
         winograd.GROUPS = True
         executor.device.close()
