@@ -132,7 +132,10 @@ def test_auto_chooses_the_same_plan_with_a_child_as_without(case, monkeypatch):
         plans[fork] = auto_plan(net, steps, int(least * float(scale)),
                                 CostModel.for_device("cpu"))
         check_plan(plans[fork])
-        assert plan_digest(plans[fork]) == AUTO_DECISIONS[case]
+        # seen once under CI's load (session 45): another digest, which of the two runs unknown
+        assert plan_digest(plans[fork]) == AUTO_DECISIONS[case], (
+            f"fork={fork}: chose {plans[fork].policy}; weighed {plans[fork].candidates}; cut "
+            f"short {plans[fork].cut_short}")
     alone, halves = plans[False], plans[True]
     assert alone.policy == halves.policy
 
