@@ -33,9 +33,8 @@ from .registry import cpu_variant, cuda_kernel, on_cpu
 __all__ = ["sgd_step", "adam_step", "SERIAL_BELOW"]
 
 # Updates of fewer elements run on the calling thread: a parallel kernel first wakes Numba's
-# workers, asleep while BLAS ran, and that wake costs more than a small update does on one core
-# (a batch norm's few hundred values: 63 against 24 us after a GEMM; even near 1 << 18, above
-# which the workers win; docs/benchmarks.md, "Why the code chose"). Element by element, the
+# workers, asleep while BLAS ran, and below this size that wake costs more than the update does
+# on one core (measured: docs/benchmarks.md, "Why the code chose"). Element by element, the
 # same expression either way: the same bits.
 SERIAL_BELOW = 1 << 18
 

@@ -123,16 +123,16 @@ class Executor:
 
     # -- a step's blobs, named once ---------------------------------------------------------------
     def _names(self, step: Step, kind: str, make, *key):
-        """``(layer, names)``: what ``make(step, layer, *key)`` lists of the blobs a step of
-        ``kind`` touches, worked out at the step's first run and kept (with the step, its layer
-        and ``key``, to know it again). A layer builds its parameter, saved and workspace lists
-        anew at each ``params()``, ``saved()`` or ``workspace()``: on ResNet-50 that cost more
-        than 15 ms an iteration, once per step."""
+        """What ``make(step, layer, *key)`` lists of the blobs a step of ``kind`` touches, worked
+        out at the step's first run and kept (with the step, its layer and ``key``, to know it
+        again): a layer builds its parameter, saved and workspace lists anew at each
+        ``params()``, ``saved()`` or ``workspace()``, too slow for every step of every iteration
+        (docs/benchmarks.md, session 45)."""
         layer = self.net.layer[step.layer]
         found = self._named.get((id(step), kind))
         if found is None or found[0] is not step or found[1] is not layer or found[2] != key:
             found = self._named[(id(step), kind)] = (step, layer, key, make(step, layer, *key))
-        return layer, found[3]
+        return found[3]
 
     def _accesses(self) -> dict:
         """The planned accesses by the letters the names carry: read, write, update (a split
@@ -179,8 +179,7 @@ class Executor:
         self.net.layer[step.layer].forward(self.forward_io(step, train))
 
     def forward_io(self, step: Step, train: bool) -> StepIO:
-        _, (bottom, top, params, saved, work) = self._names(step, "forward",
-                                                            self._forward_names)
+        bottom, top, params, saved, work = self._names(step, "forward", self._forward_names)
         access = self._accesses()
         write = access["w"]
         return StepIO(bottom=[access[how](name) for name, how in bottom],
@@ -196,7 +195,7 @@ class Executor:
             accumulate(self._update(grad), self._read(part), self.stream())
 
     def backward_io(self, step: Step) -> StepIO:
-        _, (bottom, top, top_grad, bottom_grad, params, saved, work, param_grad) = \
+        bottom, top, top_grad, bottom_grad, params, saved, work, param_grad = \
             self._names(step, "backward", self._backward_names)
         access = self._accesses()
         read, write = access["r"], access["w"]
@@ -274,8 +273,8 @@ class Executor:
         return self.device._bytes(0, 0).view(blob.dtype).reshape((0,) + blob.shape[1:])
 
     def update(self, step: Step, solver) -> None:
-        _, names = self._names(step, "update", self._update_names, tuple(solver.state_names))
-        for name, grad, states in names:
+        for name, grad, states in self._names(step, "update", self._update_names,
+                                              tuple(solver.state_names)):
             solver.update(self._update(name), self._read(grad),
                           [self._update(state) for state in states], self.stream())
 

@@ -252,9 +252,9 @@ def _gemm(layout):
     (``mkl.chosen``; the other where that one has none) whatever their size (``mkl.MIN_FLOPS``
     does not apply: called from Numba, a product costs no Python; and from two workers at once
     OpenBLAS's small products measured slower than MKL's and did not scale). A small plane's
-    samples go in groups where that measured faster: on MKL (session 38), and on OpenBLAS with
-    F(2, 3) (14x14: forward 1.03-1.15x, backward even); there F(4, 3)'s taller products ran
-    slower (28x28: backward 0.88-0.92x; docs/benchmarks.md, "Why the code chose")."""
+    samples go in groups where that measured faster: on MKL, and on OpenBLAS with F(2, 3), where
+    F(4, 3)'s taller products ran the backward slower (docs/benchmarks.md, "Why the code
+    chose")."""
     gemm, library = cblas.chosen_sgemm()
     if GROUPS and (library == "mkl" or layout.m == 2):
         return gemm, layout.group, layout.block
