@@ -59,6 +59,8 @@ class Step:
     workspace: tuple = ()
     # (partial gradient, gradient it is added into) pairs: a blob that feeds several layers
     accumulate: tuple = field(default=())
+    # gradients the layer adds into itself (``Layer.adds_bottom_grad``): no partial for them
+    adds: tuple = field(default=())
     # a sub-step of a step split along the batch (``minilms.lms.substeps.Part``); None: whole
     part: object = field(default=None, compare=False)
 
@@ -349,7 +351,7 @@ class Net:
         reads += [t for t in layer.top if "top" in layer.backward_reads and t not in reads]
         reads += [prefix + p.name for p in layer.params()]
         reads += [prefix + b.name for b in layer.saved()]
-        writes, updates, accumulate = [], list(masked), []
+        writes, updates, accumulate, adds = [], list(masked), [], []
         for bottom in layer.bottom:
             if bottom not in self.grad_blobs:
                 continue
@@ -357,6 +359,9 @@ class Net:
                                  "activation_grad")
             if bottom in layer.top:  # in place: dx overwrites dy in the same blob
                 updates.append(grad)
+            elif grad in written and layer.adds_bottom_grad:   # added in by the layer itself
+                updates.append(grad)
+                adds.append(grad)
             elif grad in written:  # another reader of this blob already wrote its gradient
                 part = self._declare(f"{grad}@{layer.name}", self.blobs[bottom].shape, np.float32,
                                      "activation_grad")
@@ -371,7 +376,7 @@ class Net:
         return Step(index, "backward", layer.name, reads=tuple(dict.fromkeys(reads)),
                     writes=tuple(writes), updates=tuple(updates),
                     workspace=tuple(prefix + b.name for b in layer.workspace()),
-                    accumulate=tuple(accumulate))
+                    accumulate=tuple(accumulate), adds=tuple(adds))
 
     def _update_step(self, index: int, layer: Layer, optimizer_state: tuple) -> Step:
         prefix = layer.name + "."

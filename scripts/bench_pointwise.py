@@ -89,9 +89,9 @@ def time_training(case, pairs):
     executor = LmsExecutor(net, device, SGD(0.01, momentum=0.9), Policy(enabled=False))
     backward, spent = pointwise.backward, [0.0]
 
-    def timed(x, dy, weight, dx, dweight, dbias, work, chunk, geometry, slots=1):
+    def timed(x, dy, weight, dx, dweight, dbias, work, chunk, geometry, slots=1, add_dx=False):
         began = time.perf_counter()
-        backward(x, dy, weight, dx, dweight, dbias, work, chunk, geometry, slots)
+        backward(x, dy, weight, dx, dweight, dbias, work, chunk, geometry, slots, add_dx)
         if dx is not None and dweight is not None and pointwise.by_sample(dy, weight, geometry,
                                                                            slots):
             spent[0] += time.perf_counter() - began

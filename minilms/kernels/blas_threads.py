@@ -151,14 +151,12 @@ def run_workers(work, count: int) -> None:
     of its own (a sample's copy, GEMMs and gather, each worker in its own core's cache). ``work``
     must release the GIL for its heavy parts (numpy, BLAS, ``nogil`` kernels) and call no
     parallel Numba kernel (one threading layer does not take calls from two threads at once)."""
-    if count < 2:
-        if count == 1:
-            work(0)
+    if count < 1:
         return
     controls = libraries()
     _hold_blas(controls)
     try:
-        pending = [_pool(count - 1).submit(work, i) for i in range(1, count)]
+        pending = [_pool(count - 1).submit(work, i) for i in range(1, count)] if count > 1 else []
         work(0)
         for job in pending:
             job.result()

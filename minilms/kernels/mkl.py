@@ -157,9 +157,9 @@ def _operand(matrix, itemsize):
     return None
 
 
-def _gemm(a, b, out, beta: float = 0.0) -> bool:
-    """``out = a @ b + beta * out`` for 2-D views by MKL; False (nothing written) where it
-    cannot."""
+def _gemm(a, b, out, beta: float = 0.0, function=None) -> bool:
+    """``out = a @ b + beta * out`` for 2-D views by MKL, or by ``function`` (a ``cblas_sgemm``
+    of ``kernels.cblas``, float32 only); False (nothing written) where it cannot."""
     m, k = a.shape
     n = b.shape[1]
     if min(m, n, k) == 0 or not a.dtype == b.dtype == out.dtype:
@@ -168,8 +168,11 @@ def _gemm(a, b, out, beta: float = 0.0) -> bool:
     op_a, op_b, op_out = _operand(a, itemsize), _operand(b, itemsize), _operand(out, itemsize)
     if op_a is None or op_b is None or op_out is None or op_out[0] != _NO_TRANS:
         return False
-    library = _state["library"]     # loaded: MKL is chosen
-    function = library.cblas_sgemm if out.dtype == np.float32 else library.cblas_dgemm
+    if function is None:
+        library = _state["library"]     # loaded: MKL is chosen
+        function = library.cblas_sgemm if out.dtype == np.float32 else library.cblas_dgemm
+    elif out.dtype != np.float32:
+        return False
     function(_ROW_MAJOR, op_a[0], op_b[0], m, n, k, 1.0, a.ctypes.data, op_a[1], b.ctypes.data,
              op_b[1], beta, out.ctypes.data, op_out[1])
     return True
@@ -188,21 +191,32 @@ def library_for(a, out) -> str:
 def product(a, b, out, library: str | None = None, accumulate: bool = False) -> None:
     """``numpy.matmul(a, b, out=out)`` for 2-D or 3-D operands (a 2-D one goes with every product
     of a batch), on ``library`` (default ``library_for`` this call): a ``cblas_?gemm`` per
-    product on MKL. ``accumulate``: ``out += a @ b`` instead (MKL's ``beta = 1``; elsewhere
-    through a temporary)."""
+    product on MKL. ``accumulate``: ``out += a @ b`` instead, by the GEMM's ``beta = 1`` (on
+    OpenBLAS through numpy's own ``cblas_sgemm``, ``kernels.cblas``; through a temporary where
+    there is none, or for float64)."""
+    function = None
     if (library or library_for(a, out)) != "mkl":
-        _numpy_product(a, b, out, accumulate)
-        return
-    beta = (1.0,) if accumulate else ()
+        function = _openblas_sgemm() if accumulate else None
+        if function is None:
+            _numpy_product(a, b, out, accumulate)
+            return
+    extra = ((1.0,) if accumulate else ()) + ((function,) if function is not None else ())
     if out.ndim == 2:
-        if a.ndim != 2 or b.ndim != 2 or not _gemm(a, b, out, *beta):
+        if a.ndim != 2 or b.ndim != 2 or not _gemm(a, b, out, *extra):
             _numpy_product(a, b, out, accumulate)
         return
     for i in range(out.shape[0]):
         a_i = a if a.ndim == 2 else a[i if a.shape[0] > 1 else 0]
         b_i = b if b.ndim == 2 else b[i if b.shape[0] > 1 else 0]
-        if not _gemm(a_i, b_i, out[i], *beta):
+        if not _gemm(a_i, b_i, out[i], *extra):
             _numpy_product(a_i, b_i, out[i], accumulate)
+
+
+def _openblas_sgemm():
+    """numpy's OpenBLAS ``cblas_sgemm`` (``kernels.cblas``, imported here: it imports this
+    module), or None where it has none."""
+    from . import cblas
+    return cblas.sgemm("openblas")
 
 
 def _numpy_product(a, b, out, accumulate: bool) -> None:

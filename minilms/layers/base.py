@@ -120,6 +120,9 @@ class StepIO:
     # A forward run again to rebuild its tops (``recompute.rerun_forward``): saved statistics and
     # masks are read, not made; running statistics and the RNG are left alone.
     recompute: bool = False
+    # Bottoms whose gradient backward adds into (it holds another reader's already) instead of
+    # overwriting it: only where the layer's ``adds_bottom_grad`` says it can.
+    adds: frozenset = frozenset()
 
 
 class Layer:
@@ -133,6 +136,10 @@ class Layer:
     is_loss: ClassVar[bool] = False
     split: ClassVar["SplitRule | None"] = None     # None: a step of this layer is never split
     device_kind: str | None = None    # set by setup: the device the layer is sized for
+    # set by setup where backward can add its bottom's gradient into the one already there
+    # (``StepIO.adds``): a blob read by two layers then needs no partial gradient, written and
+    # added (``Net``; a 1x1 convolution's GEMM on the cpu device, beta = 1)
+    adds_bottom_grad: bool = False
     # Every layer type states its own (tests/layers/test_recompute.py checks): the default refuses.
     recompute: ClassVar[Recompute] = NOT_DECLARED
 

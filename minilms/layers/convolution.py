@@ -160,6 +160,7 @@ class Convolution(Layer):
             self._geometry(), self.chunk, self.max_workspace, cpu=self.device_kind != "cuda")
         engine = self.fast.elements if self.fast else 0
         self.engine_only = self.device_kind == "cpu" and self.fast and self.fast.covers_all
+        self.adds_bottom_grad = bool(self.engine_only and self.fast.pointwise)
         if self.engine_only:
             self.elements = max(engine, 1)   # the engine runs it all: no im2col columns
         else:
@@ -401,10 +402,14 @@ class Convolution(Layer):
         dbias = io.param_grad.get("bias") if self.bias else None
         if dx is None and dweight is None and dbias is None:
             return
+        if io.adds and dx is not None and not (self.fast and self.fast.adds_dx(dy)):
+            raise ValueError(f"Convolution {self.name}: adding into the input gradient needs the "
+                             "cpu engine's 1x1 path (adds_bottom_grad), float32")
         flat = self._workspace(io, dy)
         if self.fast and on_cpu(dy):
             dx, dweight, dbias = self.fast.backward(x, dy, io.params["weight"], dx, dweight,
-                                                    dbias, flat, io.chunk[0] if io.chunk else 0)
+                                                    dbias, flat, io.chunk[0] if io.chunk else 0,
+                                                    bool(io.adds) and dx is not None)
             if dx is None and dweight is None and dbias is None:
                 return
         self._reference_allowed(dy)

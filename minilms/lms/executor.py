@@ -156,7 +156,7 @@ class Executor:
             grad = f"{b}.grad"
             if b not in self.net.grad_blobs:
                 bottom_grad.append(None)
-            elif b in layer.top:
+            elif b in layer.top or grad in step.adds:
                 bottom_grad.append((grad, "u"))
             else:
                 bottom_grad.append((targets.get(grad, grad), "w"))
@@ -169,7 +169,8 @@ class Executor:
                 [(p.name, prefix + p.name) for p in layer.params()],
                 [(b.name, prefix + b.name) for b in layer.saved()],
                 [(b.name, prefix + b.name) for b in layer.workspace()],
-                [(p.name, f"{prefix}{p.name}.grad") for p in self.net.learnable(layer)])
+                [(p.name, f"{prefix}{p.name}.grad") for p in self.net.learnable(layer)],
+                frozenset(i for i, b in enumerate(layer.bottom) if f"{b}.grad" in step.adds))
 
     def _update_names(self, step: Step, layer, states: tuple) -> list:
         names = [f"{layer.name}.{spec.name}" for spec in self.net.learnable(layer)]
@@ -195,7 +196,7 @@ class Executor:
             accumulate(self._update(grad), self._read(part), self.stream())
 
     def backward_io(self, step: Step) -> StepIO:
-        bottom, top, top_grad, bottom_grad, params, saved, work, param_grad = \
+        bottom, top, top_grad, bottom_grad, params, saved, work, param_grad, adds = \
             self._names(step, "backward", self._backward_names)
         access = self._accesses()
         read, write = access["r"], access["w"]
@@ -209,7 +210,7 @@ class Executor:
                       work={key: write(name) for key, name in work},
                       top_grad=top_grad, bottom_grad=bottom_grad,
                       param_grad={key: write(name) for key, name in param_grad},
-                      train=True, rng=self.rng, stream=self.stream())
+                      train=True, rng=self.rng, stream=self.stream(), adds=adds)
 
     def recompute(self, step: Step) -> None:
         """A forward run again to rebuild its tops (``minilms.lms.recompute``): with what the

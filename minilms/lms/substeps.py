@@ -148,7 +148,7 @@ def split_step(net: Net, step: Step, chunks: int, train: bool) -> list[Step]:
                 writes=tuple(dict.fromkeys(writes)), updates=tuple(dict.fromkeys(updates)),
                 workspace=workspace + tuple(blob for _, blob in sub_temps),
                 accumulate=step.accumulate if number == last and bound is not None else (),
-                part=part))
+                adds=step.adds, part=part))
     return out
 
 

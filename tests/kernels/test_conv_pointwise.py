@@ -192,6 +192,41 @@ def test_strided_gather_and_scatter(h, w, sh, sw):
     np.testing.assert_array_equal(dx, want)
 
 
+@pytest.mark.parametrize("n, c, o, h, w, stride, chunk", CASES)
+@pytest.mark.parametrize("slotting", [False, True])
+@pytest.mark.parametrize("by_sample", [False, True])
+def test_adding_dx_adds_the_gradient_to_what_is_there(monkeypatch, n, c, o, h, w, stride, chunk,
+                                                      slotting, by_sample):
+    """``add_dx`` (a blob that feeds two layers: ``Layer.adds_bottom_grad``): ``dx`` ends as
+    what was there plus the gradient that overwriting writes, on every path: a batched GEMM
+    with beta = 1, both gradients sample by sample, the slots, the strided scatter; between the
+    strided grid's pixels ``dx`` keeps its values; the weight gradient is unchanged."""
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(blas_threads, "MIN_FLOPS", 0)   # the threaded and by-sample paths
+    monkeypatch.setattr(pointwise, "BY_SAMPLE", by_sample)
+    rng = np.random.default_rng(n * 10 + o)
+    out_h, out_w = (h - 1) // stride + 1, (w - 1) // stride + 1
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    weight = rng.standard_normal((o, c, 1, 1)).astype(np.float32)
+    dy = rng.standard_normal((n, o, out_h, out_w)).astype(np.float32)
+    geometry = ((1, 1), (stride, stride), (0, 0), (1, 1))
+    slots = slotted.count(out_h * out_w, n, chunk, slotted.MIN_WEIGHT) if slotting else 1
+    work = np.full(pointwise.workspace_elements(x.shape, o, out_h * out_w, chunk, stride > 1,
+                                                slots), np.nan, np.float32)
+    there = rng.standard_normal(x.shape).astype(np.float32)
+    dx, dw = np.full_like(x, np.nan), np.full_like(weight, np.nan)
+    pointwise.backward(x, dy, weight, dx, dw, None, work, chunk, geometry, slots)
+    added, dw_added = there.copy(), np.full_like(weight, np.nan)
+    pointwise.backward(x, dy, weight, added, dw_added, None, work, chunk, geometry, slots,
+                       add_dx=True)
+    np.testing.assert_allclose(added, there + dx, rtol=1e-6, atol=1e-6 * np.sqrt(o))
+    np.testing.assert_array_equal(dw_added, dw)
+    if stride > 1:
+        between = np.ones(x.shape, bool)
+        between[:, :, ::stride, ::stride] = False
+        np.testing.assert_array_equal(added[between], there[between])
+
+
 def test_padding_or_a_larger_kernel_is_not_pointwise():
     assert not pointwise.applies((4, 3, 1, 1), ((1, 1), (1, 1), (1, 1), (1, 1)))
     assert not pointwise.applies((4, 3, 3, 3), ((3, 3), (1, 1), (0, 0), (1, 1)))

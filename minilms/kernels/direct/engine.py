@@ -116,6 +116,11 @@ class DirectConvolution:
                                     self.forward_direct and self.dx_path is not None and
                                     self.dw_direct))
 
+    def adds_dx(self, dy) -> bool:
+        """Whether ``backward`` can add ``dx`` into the gradient already there (``add_dx``): the
+        1x1 path's GEMMs (beta = 1), on float32 ``cpu`` arrays."""
+        return self.pointwise and self._applies(dy)
+
     def _applies(self, array) -> bool:
         return on_cpu(array) and conv.supports(array.dtype, self.groups)
 
@@ -144,15 +149,18 @@ class DirectConvolution:
         conv.conv_forward_direct(x, weight, bias, y, work, chunk, self.geometry)
         return True
 
-    def backward(self, x, dy, weight, dx, dweight, dbias, work, first: int = 0):
+    def backward(self, x, dy, weight, dx, dweight, dbias, work, first: int = 0,
+                 add_dx: bool = False):
         """Writes the gradients it computes faster (each overwritten) and returns ``(dx, dweight,
         dbias)`` with None in place of those: what is left for im2col + GEMM. ``first`` as for
-        ``forward``."""
+        ``forward``; ``add_dx``: ``dx`` added into, where ``adds_dx`` holds (else refused)."""
+        if add_dx and not self.adds_dx(dy):
+            raise ValueError("DirectConvolution.backward: add_dx outside the 1x1 path")
         if not self._applies(dy):
             return dx, dweight, dbias
         if self.pointwise:
             pointwise.backward(x, dy, weight, dx, dweight, dbias, work, self.chunk,
-                               self.geometry, self.slots)
+                               self.geometry, self.slots, add_dx)
             return None, None, None
         if self.winograd_slots:
             winograd.backward(x, dy, weight, dx, dweight, dbias, work, self.winograd_slots,

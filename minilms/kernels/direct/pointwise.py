@@ -118,15 +118,16 @@ def forward(x, weight, bias, y, work, chunk, geometry, slots: int = 1) -> None:
         y += bias.reshape(1, out, 1, 1)
 
 
-def input_grad(dy, weight, dx, work, chunk, geometry, slots: int = 1) -> None:
-    """``dx`` (overwritten) from ``dy``; ``slots`` as for ``forward``."""
+def input_grad(dy, weight, dx, work, chunk, geometry, slots: int = 1, add: bool = False) -> None:
+    """``dx`` (overwritten, or with ``add`` added into) from ``dy``; ``slots`` as for
+    ``forward``."""
     samples, out, channels = dy.shape[0], dy.shape[1], dx.shape[1]
     wt = weight.reshape(out, channels).T
     dy3 = dy.reshape(samples, out, -1)
     (sh, sw), (out_h, out_w) = geometry[1], dy.shape[2:]
     strided = _strided(geometry)
     if not strided and slots == 1:
-        matmul(wt, dy3, out=dx.reshape(samples, channels, -1))
+        matmul(wt, dy3, out=dx.reshape(samples, channels, -1), accumulate=add)
         return
     step = slots if slots > 1 else chunk
     room, width = _room(chunk, out_h * out_w, slots), slotted.width(slots, out_h * out_w)
@@ -138,14 +139,16 @@ def input_grad(dy, weight, dx, work, chunk, geometry, slots: int = 1) -> None:
             slotted.clear_unused(dy_t, n1 - n0, out_h * out_w)
             slotted.product(wt, dy_t, product)
             if not strided:
-                slotted.from_side_by_side(product, dx[n0:n1].reshape(n1 - n0, channels, -1))
+                unpack = slotted.add_from_side_by_side if add else slotted.from_side_by_side
+                unpack(product, dx[n0:n1].reshape(n1 - n0, channels, -1))
                 continue
             sub = product[:, :(n1 - n0) * out_h * out_w].reshape(
                 channels, n1 - n0, out_h, out_w).transpose(1, 0, 2, 3)
         else:
             sub = work[:(n1 - n0) * channels * out_h * out_w].reshape(n1 - n0, channels, -1)
             matmul(wt, dy3[n0:n1], out=sub)
-        scatter_strided(sub.reshape(n1 - n0, channels, out_h, out_w), dx[n0:n1], sh, sw)
+        scatter = scatter_add_strided if add else scatter_strided
+        scatter(sub.reshape(n1 - n0, channels, out_h, out_w), dx[n0:n1], sh, sw)
 
 
 def _columns(work, room, channels, out, width):
@@ -201,15 +204,19 @@ def weight_grad(x, dy, dweight, dbias, work, chunk, geometry) -> None:
         _accumulate(dy_t, x_t.T, dw, first=n0 == 0)
 
 
-def backward(x, dy, weight, dx, dweight, dbias, work, chunk, geometry, slots: int = 1) -> None:
-    """``dx``, ``dweight`` and ``dbias`` (each overwritten; any may be None): ``input_grad`` and
-    ``weight_grad``, or both gradients sample by sample where ``by_sample`` holds."""
+def backward(x, dy, weight, dx, dweight, dbias, work, chunk, geometry, slots: int = 1,
+             add_dx: bool = False) -> None:
+    """``dx``, ``dweight`` and ``dbias`` (each overwritten, but ``dx`` added into with ``add_dx``;
+    any may be None): ``input_grad`` and ``weight_grad``, or both gradients sample by sample
+    where ``by_sample`` holds. Adding is the GEMM's ``beta = 1`` where ``dx`` is a product's
+    output (a blob that feeds two layers takes the second's gradient so, with no partial
+    gradient to write and add: ``Layer.adds_bottom_grad``)."""
     if BY_SAMPLE and dx is not None and dweight is not None and \
             by_sample(dy, weight, geometry, slots):
-        both_by_sample(x, dy, weight, dx, dweight)
+        both_by_sample(x, dy, weight, dx, dweight, add_dx)
         dx = dweight = None
     if dx is not None:
-        input_grad(dy, weight, dx, work, chunk, geometry, slots)
+        input_grad(dy, weight, dx, work, chunk, geometry, slots, add_dx)
     if dweight is not None or dbias is not None:
         weight_grad(x, dy, dweight, dbias, work, chunk, geometry)
 
@@ -226,8 +233,9 @@ def by_sample(dy, weight, geometry, slots: int) -> bool:
             and 2.0 * out * plane * weight.shape[1] >= blas_threads.MIN_FLOPS)
 
 
-def both_by_sample(x, dy, weight, dx, dweight) -> None:
-    """``dx`` and ``dweight`` (overwritten), a run of samples per core (``sample_runs``), each
+def both_by_sample(x, dy, weight, dx, dweight, add_dx: bool = False) -> None:
+    """``dx`` (overwritten, or added into) and ``dweight`` (overwritten), a run of samples per
+    core (``sample_runs``), each
     sample's two products one after the other on its thread. dW's products are added in sample
     order: the first run's into ``dweight`` as they come, the others' kept (a product each) and
     added once every thread is done."""
@@ -244,7 +252,7 @@ def both_by_sample(x, dy, weight, dx, dweight) -> None:
     def run(worker):
         begin, end = runs[worker]
         for n in range(begin, end):
-            mkl.product(wt, dy3[n], dx3[n], dx_library)
+            mkl.product(wt, dy3[n], dx3[n], dx_library, accumulate=add_dx)
             if n == 0:
                 mkl.product(dy3[n], x3[n].T, dw, dw_library)
                 continue
@@ -283,6 +291,20 @@ def scatter_strided(sub, dx, sh, sw):
             if h % sh == 0 and i < out_h:
                 for j in range(out_w):
                     row[j * sw] = src[i, j]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def scatter_add_strided(sub, dx, sh, sw):
+    """``dx[n, c, i * sh, j * sw] += sub[n, c, i, j]``: ``scatter_strided`` adding, the rest of
+    ``dx`` left as it is."""
+    samples, channels, out_h, out_w = sub.shape
+    for task in prange(samples * channels):
+        n, c = task // channels, task % channels
+        src, img = sub[n, c], dx[n, c]
+        for i in range(out_h):
+            row = img[i * sh]
+            for j in range(out_w):
+                row[j * sw] += src[i, j]
 
 
 @njit(parallel=True, cache=True, nogil=True)

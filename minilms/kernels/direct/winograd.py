@@ -210,22 +210,26 @@ def restore_weights(mw, dweight, m: int, workers: int) -> None:
 
 
 def _in_parts(a, b, out, workers: int, by_rows: bool) -> None:
-    """``out = a @ b``, ``out``'s rows (or columns) dealt to ``workers`` with one BLAS thread
+    """``out = a @ b``, ``out``'s rows (or columns) cut into ``MAX_SLOTS`` parts, each a whole
+    multiple of ``ALIGN`` (``kernels.slotted``), dealt in runs to ``workers`` with one BLAS thread
     each (``run_workers``): left to BLAS's own threads, OpenBLAS's would spin after the call, on
-    the cores the workers that come next run on. The parts are whole multiples of ``ALIGN``
-    (``kernels.slotted``: where OpenBLAS's last columns would take other bits), and ``workers``
-    is the layer's, not a chunk's, so a split step transforms the kernel bit for bit as the
-    whole step does."""
+    the cores the workers that come next run on. The parts are the same whatever the workers: a
+    BLAS may give a column other bits in a product of another width (OpenBLAS's Haswell kernels
+    and MKL on a Zen 3 did, in a third of the columns), so the kernel's transform, and with it a
+    sample's outputs, would depend on the threads, and a split step on them too."""
     n = out.shape[0 if by_rows else 1]
-    per = -(-n // workers)
-    step = -(-per // ALIGN) * ALIGN
+    step = -(-(-(-n // MAX_SLOTS)) // ALIGN) * ALIGN
     cuts = [slice(first, min(n, first + step)) for first in range(0, n, step)]
-    workers = len(cuts)
+    workers = max(1, min(workers, len(cuts)))
     library = mkl.library_for(a, out)
-    if by_rows:
-        run_workers(lambda t: mkl.product(a[cuts[t]], b, out[cuts[t]], library), workers)
-    else:
-        run_workers(lambda t: mkl.product(a, b[:, cuts[t]], out[:, cuts[t]], library), workers)
+
+    def run(t):
+        for cut in cuts[len(cuts) * t // workers:len(cuts) * (t + 1) // workers]:
+            if by_rows:
+                mkl.product(a[cut], b, out[cut], library)
+            else:
+                mkl.product(a, b[:, cut], out[:, cut], library)
+    run_workers(run, workers)
 
 
 def _deal(samples: int, slots: int, group: int, bands: int = 1, lead: int = 0):
