@@ -8,7 +8,8 @@ The net has no partial gradient blob where a layer adds; training gives the weig
 partial gradients give within float tolerance (adding inside the GEMM rounds its inner sums'
 blocks into what is there); LMS on, in small pools, with steps split along the batch or not,
 gives LMS off's weights of the same net (bit for bit unsplit); random nets with random splits
-replay correctly and train as LMS off."""
+train as LMS off (and replay correctly: ``test_substeps``, on nets set up for the cpu device
+too)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,13 +17,10 @@ from hypothesis import strategies as st
 
 from minilms import zoo
 from minilms.device import make_device
-from minilms.errors import PlanError
 from minilms.layers import LAYERS, StepIO
 from minilms.lms import LmsExecutor, Policy, cost, least_pool
 from minilms.lms.bounds import working_set_bytes
-from minilms.lms.check import check_plan
 from minilms.lms.executor import ResidentExecutor
-from minilms.lms.planner import make_plan
 from minilms.lms.substeps import split_schedule
 from minilms.net import Net
 from minilms.solver import SGD
@@ -134,26 +132,6 @@ def test_a_convolution_refuses_to_add_where_its_engine_cannot():
     for kind in (None, "cuda"):
         one.setup([(1, 2, 5, 5)], device_kind=kind)
         assert not one.adds_bottom_grad
-
-
-@settings(max_examples=60, deadline=None)
-@given(spec=random_nets(), data=st.data(), prefetch=st.integers(0, 2),
-       scale=st.floats(1.0, 2.0))
-def test_random_nets_that_add_replay_correctly(spec, data, prefetch, scale):
-    """Random nets set up for the cpu device (a 1x1 convolution beside a concat or a sum adds),
-    random steps split: every plan passes the replay checker, or does not fit."""
-    layers, n, c, size = spec
-    net = Net(layers, {"data": ((n, c, size, size), np.float32), "label": ((n,), np.int32)},
-              device_kind="cpu")
-    steps = net.schedule(("momentum",))
-    split = split_schedule(net, steps, random_counts(data, net, steps), True)
-    capacity = int(max(working_set_bytes(net, s) for s in split) * scale) + 2048
-    try:
-        plan = make_plan(net, split, capacity, Policy(prefetch=prefetch))
-    except PlanError as error:
-        assert "out of device memory" in str(error)
-        return
-    check_plan(plan)
 
 
 @settings(max_examples=25, deadline=None)

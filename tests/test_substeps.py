@@ -24,6 +24,7 @@ from minilms.lms.substeps import (
     split_schedule,
     splittable,
 )
+from minilms.net import Net
 from minilms.solver import SGD
 
 from .devices import new_device
@@ -346,12 +347,16 @@ def random_counts(data, net, steps, train=True):
 
 @settings(max_examples=150, deadline=None)
 @given(spec=random_nets(), data=st.data(), prefetch=st.integers(0, 2),
-       limit=st.sampled_from([None, 1 << 40]), scale=st.floats(1.0, 2.0))
-def test_random_nets_with_random_splits_replay_correctly(spec, data, prefetch, limit, scale):
+       limit=st.sampled_from([None, 1 << 40]), scale=st.floats(1.0, 2.0),
+       kind=st.sampled_from([None, "cpu"]))
+def test_random_nets_with_random_splits_replay_correctly(spec, data, prefetch, limit, scale, kind):
     """Random nets, random steps split into random chunk counts, random knobs and pools: every
-    plan passes the replay checker, or the planner says it does not fit."""
+    plan passes the replay checker, or the planner says it does not fit. Set up for the cpu
+    device, a 1x1 convolution beside a concat adds its input gradient in (``Step.adds``)."""
     layers, n, c, size = spec
-    net, steps = build(layers, n, c, size)
+    net = Net(layers, {"data": ((n, c, size, size), np.float32), "label": ((n,), np.int32)},
+              device_kind=kind)
+    steps = net.schedule(("momentum",))
     split = split_schedule(net, steps, random_counts(data, net, steps), True)
     capacity = int(max(working_set_bytes(net, s) for s in split) * scale) + 2048
     try:

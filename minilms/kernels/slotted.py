@@ -25,8 +25,7 @@ from numba import njit, prange
 from .blas_threads import matmul
 
 __all__ = ["SHORT_PLANE", "MIN_PLANE", "MIN_WEIGHT", "SLOT_COLUMNS", "ALIGN", "count", "width",
-           "clear_unused", "product", "side_by_side", "from_side_by_side",
-           "add_from_side_by_side"]
+           "clear_unused", "product", "side_by_side", "from_side_by_side"]
 
 # Planes below SHORT_PLANE go into slots, enough of them for about SLOT_COLUMNS columns (8 on a
 # 7x7 plane). What slots save is reading the weight once per sample, so a weight below
@@ -83,24 +82,17 @@ def side_by_side(src, dst):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def from_side_by_side(src, dst):
-    """``dst[n, r, p] = src[r, n * P + p]`` for ``dst [k, R, P]``: ``side_by_side``'s inverse."""
+def from_side_by_side(src, dst, add=False):
+    """``dst[n, r, p] = src[r, n * P + p]`` for ``dst [k, R, P]``: ``side_by_side``'s inverse;
+    ``add``: ``+=`` (a gradient added into the one there)."""
     samples, rows, plane = dst.shape
     for task in prange(samples * rows):
         n, r = task // rows, task % rows
         row = src[r, n * plane:(n + 1) * plane]
         out = dst[n, r]
-        for p in range(plane):
-            out[p] = row[p]
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def add_from_side_by_side(src, dst):
-    """``dst[n, r, p] += src[r, n * P + p]``: ``from_side_by_side`` adding."""
-    samples, rows, plane = dst.shape
-    for task in prange(samples * rows):
-        n, r = task // rows, task % rows
-        row = src[r, n * plane:(n + 1) * plane]
-        out = dst[n, r]
-        for p in range(plane):
-            out[p] += row[p]
+        if add:
+            for p in range(plane):
+                out[p] += row[p]
+        else:
+            for p in range(plane):
+                out[p] = row[p]

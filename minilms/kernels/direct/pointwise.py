@@ -139,8 +139,7 @@ def input_grad(dy, weight, dx, work, chunk, geometry, slots: int = 1, add: bool 
             slotted.clear_unused(dy_t, n1 - n0, out_h * out_w)
             slotted.product(wt, dy_t, product)
             if not strided:
-                unpack = slotted.add_from_side_by_side if add else slotted.from_side_by_side
-                unpack(product, dx[n0:n1].reshape(n1 - n0, channels, -1))
+                slotted.from_side_by_side(product, dx[n0:n1].reshape(n1 - n0, channels, -1), add)
                 continue
             sub = product[:, :(n1 - n0) * out_h * out_w].reshape(
                 channels, n1 - n0, out_h, out_w).transpose(1, 0, 2, 3)
