@@ -234,10 +234,9 @@ def by_sample(dy, weight, geometry, slots: int) -> bool:
 
 def both_by_sample(x, dy, weight, dx, dweight, add_dx: bool = False) -> None:
     """``dx`` (overwritten, or added into) and ``dweight`` (overwritten), a run of samples per
-    core (``sample_runs``), each
-    sample's two products one after the other on its thread. dW's products are added in sample
-    order: the first run's into ``dweight`` as they come, the others' kept (a product each) and
-    added once every thread is done."""
+    core (``sample_runs``), each sample's two products one after the other on its thread. dW's
+    products are added in sample order: the first run's into ``dweight`` as they come, the
+    others' kept (a product each) and added once every thread is done."""
     samples, out, channels = dy.shape[0], dy.shape[1], x.shape[1]
     wt = weight.reshape(out, channels).T
     dy3, x3 = dy.reshape(samples, out, -1), x.reshape(samples, channels, -1)

@@ -218,7 +218,8 @@ def _in_parts(a, b, out, workers: int, by_rows: bool) -> None:
     and MKL on a Zen 3 did, in a third of the columns), so the kernel's transform, and with it a
     sample's outputs, would depend on the threads, and a split step on them too."""
     n = out.shape[0 if by_rows else 1]
-    step = -(-(-(-n // MAX_SLOTS)) // ALIGN) * ALIGN
+    per = -(-n // MAX_SLOTS)
+    step = -(-per // ALIGN) * ALIGN
     cuts = [slice(first, min(n, first + step)) for first in range(0, n, step)]
     workers = max(1, min(workers, len(cuts)))
     library = mkl.library_for(a, out)
