@@ -48,13 +48,18 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Name the slow tests in the run's summary so nothing is skipped silently."""
+    """Name the slow tests in the run's summary so nothing is skipped silently: ``slow`` ones
+    everywhere, ``simulator_slow`` ones where the CUDA tests run under the simulator."""
     if config.getoption("-m") or config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --runslow (kept outside CI, see README)")
+    simulated = pytest.mark.skip(reason="a minute or more under the Numba CUDA simulator: run "
+                                 "with --runslow (kept outside CI; a real GPU runs it always)")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+        elif "simulator_slow" in item.keywords and CUDA_SIMULATED:
+            item.add_marker(simulated)
 
 
 def pytest_addoption(parser):

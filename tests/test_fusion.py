@@ -300,6 +300,7 @@ def test_a_fused_resnet_with_its_fused_steps_split_trains_as_lms_off():
 
 
 @pytest.mark.cuda
+@pytest.mark.simulator_slow
 @pytest.mark.usefixtures("small_gemm_tile")
 def test_a_fused_net_trains_bit_for_bit_on_cuda():
     layers = [

@@ -139,6 +139,7 @@ def test_recomputing_every_candidate_trains_bit_for_bit(layers, shape):
 
 
 @pytest.mark.cuda
+@pytest.mark.simulator_slow
 @pytest.mark.usefixtures("small_gemm_tile")
 def test_cuda_recompute_trains_bit_for_bit():
     """The cuda device (the simulator without a GPU): the residual + inception net with batch

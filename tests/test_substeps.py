@@ -235,6 +235,7 @@ def test_a_bad_split_knob_names_the_key(tmp_path):
 
 
 @pytest.mark.cuda
+@pytest.mark.simulator_slow
 @pytest.mark.usefixtures("small_gemm_tile")
 def test_cuda_training_with_every_step_split_is_lms_off_within_tolerance(monkeypatch):
     """The cuda device (the simulator without a GPU): the residual + inception net with batch
