@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from minilms.kernels.direct.vector_ir import F32, I64, VL, Vectors
+from minilms.kernels.direct.vector_ir import F32, I64, VL, Vectors, host_vector_lanes
 
 
 def _compile(module):
@@ -76,3 +76,16 @@ def test_spaced_load_picks_every_step_th_element_within_its_bits(step):
     out = np.full(VL, np.nan, np.float32)
     run(padded.ctypes.data, bits, out.ctypes.data)
     np.testing.assert_array_equal(out, np.where(lanes, x[::step], 0))
+
+
+def test_the_lanes_follow_the_feature_that_is_on_not_its_name_in_the_list():
+    """16 lanes only where ``avx512f`` is on: LLVM's map lists the features that are off too
+    (``-avx512f`` in its flattened string), and a substring test took 16 lanes on AVX2."""
+    off, on = llvm.FeatureMap(), llvm.FeatureMap()
+    off.update({"avx2": True, "avx512f": False})
+    on.update({"avx2": True, "avx512f": True})
+    assert "avx512f" in off.flatten()           # what fooled the substring test
+    assert host_vector_lanes(off) == 8 and host_vector_lanes(on) == 16
+    assert host_vector_lanes(llvm.FeatureMap({"avx2": True})) == 8
+    host = llvm.get_host_cpu_features()
+    assert VL == (16 if host.get("avx512f") else 8)

@@ -258,3 +258,74 @@ def test_the_engine_takes_a_layer_whose_columns_do_not_fit_a_sample(name, g, pat
     on_cuda.setup([(g.n, g.c, g.height, g.width)], device_kind="cuda")
     assert not (on_cuda.fast.pointwise or on_cuda.fast.window_slots or on_cuda.fast.band_slots
                 or on_cuda.fast.winograd_slots or on_cuda.engine_only)
+
+
+# The direct paths' inputs as either vector width lays them out: rows mode, flat mode (rows of
+# 20 outputs leave lanes empty at 8 and at 16), rows of 24 outputs (flat and a prepared copy at
+# 16 lanes, x itself in rows at 8), stride 2, dx with samples in lanes (stride 2, 16+ channels,
+# half a vector of samples or more).
+WIDTH_CASES = [Geometry(3, 16, 8, (3, 3), (1, 1), (1, 1), (1, 1), 16, 16),
+               Geometry(2, 4, 6, (5, 5), (1, 1), (2, 2), (1, 1), 12, 20),
+               Geometry(2, 4, 6, (3, 3), (1, 1), (0, 0), (1, 1), 10, 26),
+               Geometry(2, 3, 5, (3, 3), (2, 2), (1, 0), (1, 1), 11, 13),
+               Geometry(10, 16, 4, (3, 3), (2, 2), (1, 1), (1, 1), 30, 32)]
+
+
+@pytest.mark.parametrize("g", WIDTH_CASES)
+def test_either_vector_width_runs_in_the_workspace_sized_for_the_widest(g, monkeypatch):
+    """Workspaces are sized for ``SIZE_LANES`` (16) whatever the host's ``VL``: a layer's, and
+    so a plan's, figures are the same on an AVX2 and an AVX-512 host. The kernels at either
+    width run in that workspace and equal the reference engine."""
+    from minilms.kernels.direct import conv as direct_conv
+    from minilms.kernels.direct import input_grad
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((g.n, g.c, g.height, g.width)).astype(np.float32)
+    reference = layer(g, "reference")
+    dy = rng.standard_normal(reference.top_shapes[0]).astype(np.float32)
+    params = {"weight": rng.standard_normal(reference.params()[0].shape).astype(np.float32),
+              "bias": rng.standard_normal(g.o).astype(np.float32)}
+    want = run(reference, x, dy, params)
+    elements = set()
+    for lanes in (8, 16):
+        monkeypatch.setattr(direct_conv, "VL", lanes)
+        monkeypatch.setattr(input_grad, "VL", lanes)
+        direct_conv._kernel_inputs.cache_clear()    # layouts cached per shape, at one width
+        direct_conv.tile_table.cache_clear()
+        try:
+            auto = layer(g, "auto")
+            elements.add(auto.elements)
+            for step in (1, 2):
+                assert direct_conv.padded_size(x.shape, *auto._geometry(), max_step=step) <= \
+                    direct_conv.padded_size(x.shape, *auto._geometry(), max_step=step, vl=16)
+            got = run(auto, x, dy, params)
+        finally:
+            monkeypatch.undo()
+            direct_conv._kernel_inputs.cache_clear()
+            direct_conv.tile_table.cache_clear()
+        for a, b in zip(got[:2], want[:2]):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+        for key in want[2]:
+            np.testing.assert_allclose(got[2][key], want[2][key], rtol=1e-4, atol=1e-3)
+    assert len(elements) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(g=geometries(samples=(1, 40), channels=(1, 64), outputs=(1, 64), kernel_h=(1, 7),
+                    kernel_w=(1, 7), stride_h=(1, 3), height=(1, 40), width=(1, 40)))
+def test_a_prepared_input_at_8_lanes_never_needs_more_room_than_at_16(g):
+    """What lets the workspace be sized for 16 lanes on every host (``SIZE_LANES``): 8 lanes
+    prepare a copy only where 16 do, and never a larger one (forward, weight gradient, and
+    ``dy`` as the transposed convolution's input)."""
+    from minilms.kernels.direct import conv as direct_conv
+    from minilms.kernels.direct import input_grad
+    if not g.has_output:
+        return
+    geometry = (g.kernel, g.stride, g.pad, g.dilation)
+    shapes = [((g.n, g.c, g.height, g.width), geometry)]
+    transposed = input_grad.transposed_geometry(geometry)
+    if transposed is not None:
+        shapes.append(((g.n, g.o, g.out_h, g.out_w), transposed))
+    for shape, geo in shapes:
+        for step in (1, 2):
+            assert direct_conv.padded_size(shape, *geo, max_step=step, vl=8) <= \
+                direct_conv.padded_size(shape, *geo, max_step=step, vl=16)

@@ -259,30 +259,32 @@ class Layout(NamedTuple):
     x_row: int
 
 
-def layout(x_shape, kernel_size, stride, padding, dilation, max_step: int = 2) -> Layout:
+def layout(x_shape, kernel_size, stride, padding, dilation, max_step: int = 2,
+           vl: int | None = None) -> Layout:
     """The input layout for ``x_shape``. The kernels read ``x`` itself, taps masked where they
     fall in the padding, where its rows line up with the tiles': rows mode with a horizontal
     stride of 1 or 2 (at most ``max_step``), or flat with stride 1 and rows as long as the
     output's. Else a prepared copy. Flat where the vertical stride is 1 and rows of ``out_w``
-    would leave lanes empty."""
+    would leave lanes empty. ``vl``: the vectors' lanes (the host's, ``VL``, where None)."""
+    vl = VL if vl is None else vl
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
     channels, height, width = x_shape[1], x_shape[2], x_shape[3]
     out_h = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     out_w = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    flat = sh == 1 and out_w % VL != 0
+    flat = sh == 1 and out_w % vl != 0
     if (sw == 1 and (not flat or out_w == width)) or (sw == 2 <= max_step and not flat):
         offsets = [i * dh * width + j * dw for i in range(kh) for j in range(kw)]
-        return Layout(flat, False, VL if flat else lanes(out_w), sw, (), offsets,
+        return Layout(flat, False, vl if flat else lanes(out_w, vl), sw, (), offsets,
                       height * width, width)
     rows = max(height + 2 * ph, (out_h - 1) * sh + dh * (kh - 1) + 1)
     if flat:
         offsets = [j * rows * out_w + i * dh * out_w for i in range(kh) for j in range(kw)]
-        return Layout(True, True, VL, 1, (channels, kw, rows, out_w), offsets,
+        return Layout(True, True, vl, 1, (channels, kw, rows, out_w), offsets,
                       kw * rows * out_w, out_w)
     quarters = -(-max(width + 2 * pw, (out_w - 1) * sw + dw * (kw - 1) + 1) // sw)
     offsets = [i * dh * sw * quarters + ((j * dw) % sw) * quarters + (j * dw) // sw
                for i in range(kh) for j in range(kw)]
-    return Layout(False, True, lanes(out_w), 1, (channels, rows, sw, quarters), offsets,
+    return Layout(False, True, lanes(out_w, vl), 1, (channels, rows, sw, quarters), offsets,
                   rows * sw * quarters, sw * quarters)
 
 
@@ -326,16 +328,20 @@ def tile_table(sample_shape, geometry, max_step: int = 2):
     return np.ascontiguousarray(np.column_stack([x_at, y_at, store] + reads), np.int64)
 
 
-def lanes(out_w: int) -> int:
-    """The vector width for rows of ``out_w`` outputs: ``VL``, or 8 where that takes as few
-    vectors a row (an 8-wide row fills a ymm register and leaves no zmm half empty)."""
-    return VL if -(-out_w // VL) < -(-out_w // 8) else 8
+def lanes(out_w: int, vl: int | None = None) -> int:
+    """The vector width for rows of ``out_w`` outputs: ``vl`` (the host's, ``VL``, where None),
+    or 8 where that takes as few vectors a row (an 8-wide row fills a ymm register and leaves
+    no zmm half empty)."""
+    vl = VL if vl is None else vl
+    return vl if -(-out_w // vl) < -(-out_w // 8) else 8
 
 
-def padded_size(x_shape, kernel_size, stride, padding, dilation, max_step: int = 2) -> int:
+def padded_size(x_shape, kernel_size, stride, padding, dilation, max_step: int = 2,
+                vl: int | None = None) -> int:
     """Float elements of one sample's prepared input (``xs`` or ``xw``); 0 where the kernels
-    read ``x`` itself."""
-    lay = layout(x_shape, kernel_size, stride, padding, dilation, max_step)
+    read ``x`` itself. ``vl`` as ``layout``'s: with ``SIZE_LANES`` it is at least the size on
+    any host (8 lanes prepare a copy only where 16 do, and never a larger one)."""
+    lay = layout(x_shape, kernel_size, stride, padding, dilation, max_step, vl)
     return int(np.prod(lay.per_sample)) if lay.prepared else 0
 
 

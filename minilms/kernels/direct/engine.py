@@ -19,7 +19,7 @@ from .. import slotted
 from ..im2col import conv_out_size
 from ..registry import on_cpu
 from . import bands, conv, input_grad, pointwise, weight_grad, windows, winograd
-from .vector_ir import VL
+from .vector_ir import SIZE_LANES
 
 __all__ = ["DirectConvolution"]
 
@@ -92,15 +92,17 @@ class DirectConvolution:
         self.forward_direct = conv.forward_pays(weight_shape, out_h * out_w)
         # the larger of the forward's and the weight gradient's prepared inputs (max_step 1),
         # and of dy's as the input of the transposed convolution where that path is taken
-        x_sample = conv.padded_size(x_shape, *geometry, max_step=1)
+        # sized for SIZE_LANES whatever this host's vectors: the same workspace, and plan, on
+        # every host, and room for the kernels at the host's width (never more)
+        x_sample = conv.padded_size(x_shape, *geometry, max_step=1, vl=SIZE_LANES)
         transposed = input_grad.transposed_geometry(geometry)
         if transposed is not None and input_grad.input_grad_pays(weight_shape, out_h * out_w):
             self.dx_path = "direct"
         dy_sample = 0 if self.dx_path is None else \
-            conv.padded_size((samples, out, out_h, out_w), *transposed)
-        self.elements = VL + chunk * max(x_sample, dy_sample)
+            conv.padded_size((samples, out, out_h, out_w), *transposed, vl=SIZE_LANES)
+        self.elements = SIZE_LANES + chunk * max(x_sample, dy_sample)
         # dy with samples in lanes: a whole number of vectors of them, within max_workspace
-        dy_lanes = -(-chunk // VL) * VL * out * out_h * out_w
+        dy_lanes = -(-chunk // SIZE_LANES) * SIZE_LANES * out * out_h * out_w
         if self.dx_path is None and dy_lanes * 4 <= max_workspace and \
                 input_grad.sample_lanes_pay(x_shape, weight_shape, geometry):
             self.dx_path = "lanes"

@@ -35,7 +35,7 @@ from numba.extending import intrinsic
 
 from ..registry import cpu_variant
 from .conv import chunk_size, conv_forward_direct, supports
-from .vector_ir import I64, VL, Vectors
+from .vector_ir import I64, SIZE_LANES, VL, Vectors
 
 __all__ = ["transposed_geometry", "DX_GEMM_WEIGHTS", "DX_GEMM_PLANE", "input_grad_pays",
            "conv_input_grad_direct", "valid_taps", "sample_lanes_pay", "conv_input_grad_lanes"]
@@ -218,7 +218,7 @@ def sample_lanes_pay(x_shape, weight_shape, geometry) -> bool:
     samples = x_shape[0]
     kernel_size, stride = geometry[0], geometry[1]
     taps = kernel_size[0] * kernel_size[1]
-    lanes_used = samples / (-(-samples // VL) * VL)
+    lanes_used = samples / (-(-samples // SIZE_LANES) * SIZE_LANES)    # the same on every host
     size = int(np.prod(x_shape))
     return lanes_used >= 0.5 and 16 <= weight_shape[1] < GEMM_CHANNELS and taps > 1 and \
         size >= LANES_MIN_SIZE and (stride != (1, 1) or taps > 9)

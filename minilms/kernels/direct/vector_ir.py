@@ -9,9 +9,22 @@ import llvmlite.binding as llvm_binding
 from llvmlite import ir
 from numba.core import cgutils
 
-__all__ = ["VL", "F32", "I32", "I64", "Vectors"]
+__all__ = ["VL", "SIZE_LANES", "F32", "I32", "I64", "Vectors", "host_vector_lanes"]
 
-VL = 16 if "avx512f" in llvm_binding.get_host_cpu_features().flatten() else 8
+
+def host_vector_lanes(features=None) -> int:
+    """float32 lanes of the host's vectors: 16 where LLVM's feature map has ``avx512f`` on, else
+    8. The map's ``flatten()`` string lists every feature LLVM knows, ``+`` on and ``-`` off, so
+    a substring test finds ``avx512f`` in ``-avx512f`` too: the kernels then took 16 lanes on
+    AVX2 machines, and their blocks of accumulators spilled."""
+    features = llvm_binding.get_host_cpu_features() if features is None else features
+    return 16 if features.get("avx512f", False) else 8
+
+
+VL = host_vector_lanes()
+# The lanes workspaces are sized for, whatever the host takes: the widest (AVX-512's), which
+# needs the most room, so that a layer's workspace, and so a plan, is the same on every host.
+SIZE_LANES = 16
 
 F32, I64, I32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
 
