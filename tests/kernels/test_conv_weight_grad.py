@@ -97,11 +97,16 @@ def test_either_gradient_alone():
     np.testing.assert_allclose(dweight, reference(x, dy, *g)[0], rtol=1e-5, atol=1e-5)
 
 
-def test_register_blocks_fit_and_one_by_one_declines():
-    for rows, cols in ((3, 3), (1, 5), (1, 7), (1, 11), (2, 2), (1, 1)):
+@pytest.mark.parametrize("registers, rows_3x3", [(32, 3), (16, 1)])   # AVX-512, AVX2
+def test_register_blocks_fit_and_one_by_one_declines(monkeypatch, registers, rows_3x3):
+    monkeypatch.setattr(conv_weight_grad, "REGISTERS", registers)
+    for rows, cols in ((3, 3), (1, 3), (1, 5), (1, 7), (1, 11), (2, 2), (1, 1)):
         block = conv_weight_grad._block(rows * cols)
-        assert block >= 1 and block * rows * cols + block + 1 <= conv_weight_grad.REGISTERS
-    assert conv_weight_grad._group_rows((3, 3)) == 3 and conv_weight_grad._group_rows((5, 5)) == 1
+        assert block >= 1 and block * rows * cols + block + 1 <= registers
+    # 3x3 whole where 3 outputs' 9 taps fit (32 registers), else by rows (3 outputs x 3 taps)
+    assert conv_weight_grad._group_rows((3, 3)) == rows_3x3
+    assert conv_weight_grad._block(3 * rows_3x3) == 3
+    assert conv_weight_grad._group_rows((5, 5)) == 1
     assert conv_weight_grad.weight_grad_pays((16, 16, 3, 3), 32 * 32)
     assert conv_weight_grad.weight_grad_pays((20, 1, 5, 5), 24 * 24)          # LeNet conv1
     assert conv_weight_grad.weight_grad_pays((50, 20, 5, 5), 8 * 8)           # LeNet conv2

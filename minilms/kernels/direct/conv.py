@@ -46,7 +46,7 @@ from numba import prange, types
 from numba.extending import intrinsic
 
 from ..registry import cpu_variant
-from .vector_ir import I32, I64, VL, Vectors
+from .vector_ir import BLOCK, I32, I64, VL, Vectors
 
 __all__ = ["VL", "Layout", "lanes", "layout", "tile_table", "padded_size", "chunk_size",
            "kernel_inputs", "prepare_input", "supports", "conv_forward_direct",
@@ -118,6 +118,8 @@ def _tile(typingctx, block, taps, vl, step, x, w, bias, offsets, masks, y, chann
 def _direct_kernel(taps: int, vl: int, step: int):
     """The whole forward for one tap count, vector width and input step (literals for the
     microkernel): a task per sample and tile of ``tile_table``."""
+    widest = BLOCK
+
     def conv_direct(x, w, bias, offsets, table, y, x_channel):
         samples, out, out_h, out_w = y.shape
         channels, plane_y = w.shape[1] // taps, out_h * out_w
@@ -128,16 +130,17 @@ def _direct_kernel(taps: int, vl: int, step: int):
             n, t = task // tiles, task % tiles
             x_at, masks = xa + 4 * (n * x.shape[1] + table[t, 0]), ta + 8 * (t * row + 2)
             o0 = 0
-            # 16 output channels a call (16 vector accumulators fit the registers), the rest in
-            # 8, 4, 2, 1; the block is a literal of the intrinsic, hence one call per size.
+            # widest output channels a call (``BLOCK`` vector accumulators fit the registers),
+            # the rest in 8, 4, 2, 1; the block is a literal of the intrinsic, hence one call
+            # per size.
             while o0 < out:
                 left = out - o0
                 w_at, b_at = wa + 4 * o0 * w_output, ba + 4 * o0
                 y_at = ya + 4 * ((n * out + o0) * plane_y + table[t, 1])
-                if left >= 16:
-                    _tile(16, taps, vl, step, x_at, w_at, b_at, oa, masks, y_at, channels,
+                if left >= widest:
+                    _tile(widest, taps, vl, step, x_at, w_at, b_at, oa, masks, y_at, channels,
                           x_channel, w_output, plane_y)
-                    o0 += 16
+                    o0 += widest
                 elif left >= 8:
                     _tile(8, taps, vl, step, x_at, w_at, b_at, oa, masks, y_at, channels,
                           x_channel, w_output, plane_y)
@@ -154,7 +157,7 @@ def _direct_kernel(taps: int, vl: int, step: int):
                     _tile(1, taps, vl, step, x_at, w_at, b_at, oa, masks, y_at, channels,
                           x_channel, w_output, plane_y)
                     o0 += 1
-    return cpu_variant(conv_direct, f"taps{taps}_vl{vl}_step{step}", True)
+    return cpu_variant(conv_direct, f"taps{taps}_vl{vl}_step{step}_block{widest}", True)
 
 
 @intrinsic

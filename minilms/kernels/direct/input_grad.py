@@ -35,14 +35,13 @@ from numba.extending import intrinsic
 
 from ..registry import cpu_variant
 from .conv import chunk_size, conv_forward_direct, supports
-from .vector_ir import I64, SIZE_LANES, VL, Vectors
+from .vector_ir import BLOCK, I64, SIZE_LANES, VL, Vectors
 
 __all__ = ["transposed_geometry", "DX_GEMM_WEIGHTS", "DX_GEMM_PLANE", "input_grad_pays",
            "conv_input_grad_direct", "valid_taps", "sample_lanes_pay", "conv_input_grad_lanes"]
 
 LANES_MIN_SIZE = 1 << 17    # elements of dx below which a GEMM is faster (sample_lanes_pay)
 GEMM_CHANNELS = 128          # input channels from which the GEMM is faster (sample_lanes_pay)
-BLOCK = 16        # channels a call: 16 accumulators, one dy vector and room to spare (32 zmm)
 
 
 def transposed_geometry(geometry):

@@ -9,7 +9,7 @@ import llvmlite.binding as llvm_binding
 from llvmlite import ir
 from numba.core import cgutils
 
-__all__ = ["VL", "SIZE_LANES", "F32", "I32", "I64", "Vectors", "host_vector_lanes"]
+__all__ = ["VL", "SIZE_LANES", "MASK_REGISTERS", "REGISTERS", "BLOCK", "F32", "I32", "I64", "Vectors", "host_vector_lanes"]
 
 
 def host_vector_lanes(features=None) -> int:
@@ -22,6 +22,17 @@ def host_vector_lanes(features=None) -> int:
 
 
 VL = host_vector_lanes()
+# AVX-512 has mask registers: a mask of lanes is an integer's bits, moved in one instruction.
+# AVX2 has none: its masked loads take a vector of lane masks, and LLVM builds one from bits lane
+# by lane (about 35 instructions for 8 lanes: the direct kernels' masked loads ran at a tenth of
+# the FMA rate). There the bits are spread by a broadcast, an AND and a compare.
+MASK_REGISTERS = VL == 16
+# The vector registers a microkernel's block of accumulators has: AVX-512's 32, AVX2's 16.
+REGISTERS = 32 if VL == 16 else 16
+# The most accumulators a microkernel that adds one input vector times a broadcast weight keeps
+# (``conv``'s forward, ``input_grad``'s lanes): with those two and two to spare, 16 of AVX-512's
+# registers and 12 of AVX2's (16 there spilled: 1.2-1.6x slower, 12 against 16 and 8, measured).
+BLOCK = min(16, REGISTERS - 4)
 # The lanes workspaces are sized for, whatever the host takes: the widest (AVX-512's), which
 # needs the most room, so that a layer's workspace, and so a plan, is the same on every host.
 SIZE_LANES = 16
@@ -117,9 +128,15 @@ class Vectors:
 
     def mask_of_bits(self, bits):
         """The mask whose lane ``i`` is bit ``i`` of the ``i64`` ``bits``: a mask register
-        loaded from an integer, where ``lanes_below`` needs two vectors of lane indices."""
+        loaded from an integer, where ``lanes_below`` needs two vectors of lane indices; without
+        mask registers (``MASK_REGISTERS``), the bits in every lane, each lane's own kept."""
         b = self.builder
-        return b.bitcast(b.trunc(bits, ir.IntType(self.vl)), self.mask_type)
+        if MASK_REGISTERS:
+            return b.bitcast(b.trunc(bits, ir.IntType(self.vl)), self.mask_type)
+        wide = ir.VectorType(I32, self.vl)
+        lane_bits = ir.Constant(wide, [1 << lane for lane in range(self.vl)])
+        spread = b.and_(self.splat(b.trunc(bits, I32), wide), lane_bits)
+        return b.icmp_unsigned("==", spread, lane_bits)
 
     def masked_load(self, element_pointer, mask):
         """A load whose lanes outside ``mask`` are 0 and read nothing."""
