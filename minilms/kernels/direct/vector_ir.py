@@ -9,7 +9,8 @@ import llvmlite.binding as llvm_binding
 from llvmlite import ir
 from numba.core import cgutils
 
-__all__ = ["VL", "SIZE_LANES", "MASK_REGISTERS", "REGISTERS", "BLOCK", "F32", "I32", "I64", "Vectors", "host_vector_lanes"]
+__all__ = ["VL", "SIZE_LANES", "MASK_REGISTERS", "REGISTERS", "BLOCK", "F32", "I32", "I64",
+           "Vectors", "host_vector_lanes"]
 
 
 def host_vector_lanes(features=None) -> int:

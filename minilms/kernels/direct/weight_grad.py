@@ -13,8 +13,9 @@ product over the output positions::
 The microkernel (``_weight_tile``) keeps ``block x taps`` vector accumulators in registers: per
 ``VL`` output positions it loads ``block`` vectors of ``dy`` and one vector of input per tap, each
 used ``block`` times (``block`` and the kernel rows a call takes are chosen so that
-accumulators, ``dy`` and one input fit the vector registers: AVX-512's 32, AVX2's 16). Row ends and padding are masked loads: those lanes read nothing
-and add 0. Its loops are kept from unrolling (``vector_ir``): unrolled, they spilled.
+accumulators, ``dy`` and one input fit the vector registers: AVX-512's 32, AVX2's 16). Row ends
+and padding are masked loads: those lanes read nothing and add 0. Its loops are kept from
+unrolling (``vector_ir``): unrolled, they spilled.
 The lanes are added up in a fixed tree at the end, and each task owns its weights (one input
 channel, a block of outputs, a group of taps), so results are the same whatever the threads do.
 """
