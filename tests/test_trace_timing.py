@@ -377,6 +377,7 @@ def test_a_lone_iteration_is_counted_warm_up_included_and_says_so():
 
 
 @pytest.mark.cuda
+@pytest.mark.simulator_slow
 @pytest.mark.usefixtures("small_gemm_tile")
 def test_on_cuda_every_step_is_timed_by_device_events():
     """On ``cuda`` a step's time comes from CUDA events read after the iteration synchronized
