@@ -19,13 +19,15 @@ unrolling (``vector_ir``): unrolled, they spilled.
 The lanes are added up in a fixed tree at the end, and each task owns its weights (one input
 channel, a block of outputs, a group of taps), so results are the same whatever the threads do.
 """
+import numba
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ..registry import cpu_variant
 from .conv import kernel_inputs, prepare_input
-from .vector_ir import I64, REGISTERS, Vectors
+from .vector_ir import I64, MASK_REGISTERS, REGISTERS, VL, Vectors
+from .weight_grad_outer import conv_weight_grad_outer, outer_pays
 
 __all__ = ["DW_GEMM_WEIGHTS", "DW_GEMM_PLANE", "weight_grad_pays", "conv_weight_grad_direct",
            "bias_grad"]
@@ -195,12 +197,16 @@ def bias_grad(dy, dbias):
 def conv_weight_grad_direct(x, dy, dweight, dbias, work, chunk, geometry) -> None:
     """``dweight`` and ``dbias`` (each overwritten, either may be None) of a float32 convolution
     without groups, ``chunk`` samples at a time through ``work`` (``conv.chunk_size``
-    with ``max_step=1``)."""
+    with ``max_step=1``). Without mask registers (AVX2), by outer products where they pay
+    (``weight_grad_outer``: no workspace)."""
     samples, out, out_h, out_w = dy.shape
     dy3 = dy.reshape(samples, out, out_h * out_w)
     if dbias is not None:
         bias_grad(dy3, dbias)
     if dweight is None:
+        return
+    if not MASK_REGISTERS and outer_pays(dweight.shape):
+        conv_weight_grad_outer(x, dy, dweight, geometry, VL, numba.get_num_threads())
         return
     (kh, kw) = geometry[0]
     # x at stride 2 is read from a prepared copy: picking its even lanes cost more here (3x3,
