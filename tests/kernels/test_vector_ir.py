@@ -130,3 +130,20 @@ def test_without_mask_registers_a_mask_of_bits_is_a_few_instructions(monkeypatch
             if line.startswith("\t") and not line.strip().startswith((".", "#"))]
     assert "vpinsrd" not in body and "pinsrb" not in body, body
     assert len(body) <= 12, body
+
+
+def test_the_kernels_are_named_after_the_ir_helpers_source():
+    """Numba's disk cache knows a kernel by its own file: the kernels built on these helpers
+    carry a hash of ``vector_ir.py`` in their names, so an edit there alone compiles them anew
+    rather than loading stale machine code."""
+    import hashlib
+    from pathlib import Path
+
+    from minilms.kernels.direct import conv, input_grad, weight_grad, weight_grad_outer
+    stamp = hashlib.sha1(Path(vector_ir.__file__).read_bytes()).hexdigest()[:8]
+    assert vector_ir.IR_VERSION == stamp
+    kernels = [conv._direct_kernel(9, VL, 1), conv._prepare_kernel(2, VL, False),
+               weight_grad._weight_grad_kernel(3, 3, 1, 3, VL, False),
+               weight_grad_outer._outer_kernel(VL), input_grad._lanes_kernel(4, 0, VL)]
+    for kernel in kernels:
+        assert kernel.py_func.__name__.endswith(f"_ir{stamp}"), kernel.py_func.__name__

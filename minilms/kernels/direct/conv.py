@@ -46,7 +46,7 @@ from numba import prange, types
 from numba.extending import intrinsic
 
 from ..registry import cpu_variant
-from .vector_ir import BLOCK, I32, I64, VL, Vectors
+from .vector_ir import BLOCK, I32, I64, VL, Vectors, variant
 
 __all__ = ["VL", "Layout", "lanes", "layout", "tile_table", "padded_size", "chunk_size",
            "kernel_inputs", "prepare_input", "supports", "conv_forward_direct",
@@ -157,7 +157,8 @@ def _direct_kernel(taps: int, vl: int, step: int):
                     _tile(1, taps, vl, step, x_at, w_at, b_at, oa, masks, y_at, channels,
                           x_channel, w_output, plane_y)
                     o0 += 1
-    return cpu_variant(conv_direct, f"taps{taps}_vl{vl}_step{step}_block{widest}", True)
+    return cpu_variant(conv_direct, variant(f"taps{taps}_vl{vl}_step{step}_block{widest}"),
+                       True)
 
 
 @intrinsic
@@ -241,7 +242,8 @@ def _prepare_kernel(stride: int, vl: int, flat: bool):
                 else:                         # all phases of a row at once
                     _row_copy(stride, stride, vl, target + 4 * r * copies * length, length, row,
                               length, -pw, width if inside else 0)
-    return cpu_variant(prepare, f"stride{stride}_vl{vl}_{'flat' if flat else 'rows'}", True)
+    return cpu_variant(prepare, variant(f"stride{stride}_vl{vl}_{'flat' if flat else 'rows'}"),
+                       True)
 
 
 _KERNELS: dict = {}

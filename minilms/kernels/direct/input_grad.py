@@ -35,7 +35,7 @@ from numba.extending import intrinsic
 
 from ..registry import cpu_variant
 from .conv import chunk_size, conv_forward_direct, supports
-from .vector_ir import BLOCK, I64, SIZE_LANES, VL, Vectors
+from .vector_ir import BLOCK, I64, SIZE_LANES, VL, Vectors, variant
 
 __all__ = ["transposed_geometry", "DX_GEMM_WEIGHTS", "DX_GEMM_PLANE", "input_grad_pays",
            "conv_input_grad_direct", "valid_taps", "sample_lanes_pay", "conv_input_grad_lanes"]
@@ -165,7 +165,7 @@ def _lanes_kernel(block: int, rest: int, vl: int):
                     target = dx[g * vl + lane, c, h]
                     for x in range(width):
                         target[x] = row[x, c, lane]
-    return cpu_variant(input_grad_lanes, f"block{block}_rest{rest}_vl{vl}", True)
+    return cpu_variant(input_grad_lanes, variant(f"block{block}_rest{rest}_vl{vl}"), True)
 
 
 @njit(parallel=True, cache=True, nogil=True)

@@ -5,12 +5,15 @@ Numba's own loops neither keep a block of accumulators in registers nor vectoris
 whose inner dimension is a handful of taps; these helpers spell out the vector operations
 instead. ``VL`` is the host's float32 vector width: 16 lanes with AVX-512, else 8.
 """
+import hashlib
+from pathlib import Path
+
 import llvmlite.binding as llvm_binding
 from llvmlite import ir
 from numba.core import cgutils
 
 __all__ = ["VL", "SIZE_LANES", "MASK_REGISTERS", "REGISTERS", "BLOCK", "F32", "I32", "I64",
-           "Vectors", "host_vector_lanes"]
+           "Vectors", "host_vector_lanes", "IR_VERSION", "variant"]
 
 
 def host_vector_lanes(features=None) -> int:
@@ -39,6 +42,16 @@ BLOCK = min(16, REGISTERS - 4)
 SIZE_LANES = 16
 
 F32, I64, I32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
+
+# Numba's disk cache knows a kernel by the file that defines it, not by the files its
+# intrinsics' code comes from: edited here alone, the helpers left every kernel's old machine
+# code in __pycache__. A kernel named with this file's hash (``variant``) compiles anew.
+IR_VERSION = hashlib.sha1(Path(__file__).read_bytes()).hexdigest()[:8]
+
+
+def variant(name: str) -> str:
+    """A kernel variant's name (``registry.cpu_variant``'s) that changes with these helpers."""
+    return f"{name}_ir{IR_VERSION}"
 
 
 class _LoopID(ir.values.MDValue):

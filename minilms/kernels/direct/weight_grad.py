@@ -26,7 +26,7 @@ from numba.extending import intrinsic
 
 from ..registry import cpu_variant
 from .conv import kernel_inputs, prepare_input
-from .vector_ir import I64, MASK_REGISTERS, REGISTERS, VL, Vectors
+from .vector_ir import I64, MASK_REGISTERS, REGISTERS, VL, Vectors, variant
 from .weight_grad_outer import conv_weight_grad_outer, outer_pays
 
 __all__ = ["DW_GEMM_WEIGHTS", "DW_GEMM_PLANE", "weight_grad_pays", "conv_weight_grad_direct",
@@ -154,8 +154,8 @@ def _weight_grad_kernel(kh: int, kw: int, rows: int, block: int, vl: int, prepar
                                  dw_at, w_output, accumulate)
                     done = 1
                 o0, left = o0 + done, left - done
-    return cpu_variant(weight_grad, f"k{kh}x{kw}_rows{rows}_block{block}_vl{vl}_"
-                       f"{'prepared' if prepared else 'x'}", True)
+    return cpu_variant(weight_grad, variant(f"k{kh}x{kw}_rows{rows}_block{block}_vl{vl}_"
+                                            f"{'prepared' if prepared else 'x'}"), True)
 
 
 _KERNELS: dict = {}

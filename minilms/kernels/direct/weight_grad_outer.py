@@ -24,7 +24,7 @@ from numba import prange, types
 from numba.extending import intrinsic
 
 from ..registry import cpu_variant
-from .vector_ir import Vectors
+from .vector_ir import Vectors, variant
 
 __all__ = ["CB", "BAND_POSITIONS", "outer_pays", "conv_weight_grad_outer"]
 
@@ -153,7 +153,7 @@ def _outer_kernel(vl: int):
                 for c in range(c0, c1):
                     for t in range(taps):
                         dw[o0 + o, c, t // kw, t % kw] = acc[t, c - c0, o]
-    return cpu_variant(weight_grad_outer, f"vl{vl}", True)
+    return cpu_variant(weight_grad_outer, variant(f"vl{vl}"), True)
 
 
 _KERNELS: dict = {}
