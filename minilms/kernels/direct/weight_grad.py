@@ -19,7 +19,6 @@ unrolling (``vector_ir``): unrolled, they spilled.
 The lanes are added up in a fixed tree at the end, and each task owns its weights (one input
 channel, a block of outputs, a group of taps), so results are the same whatever the threads do.
 """
-import numba
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
@@ -206,7 +205,7 @@ def conv_weight_grad_direct(x, dy, dweight, dbias, work, chunk, geometry) -> Non
     if dweight is None:
         return
     if not MASK_REGISTERS and outer_pays(dweight.shape):
-        conv_weight_grad_outer(x, dy, dweight, geometry, VL, numba.get_num_threads())
+        conv_weight_grad_outer(x, dy, dweight, geometry, VL)
         return
     (kh, kw) = geometry[0]
     # x at stride 2 is read from a prepared copy: picking its even lanes cost more here (3x3,

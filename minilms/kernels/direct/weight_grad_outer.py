@@ -16,9 +16,12 @@ of one sample at a time, into a buffer the task owns (``OB`` floats a position; 
 the accumulators of a task's channels live in another (``taps x channels x OB`` floats) between
 bands, and nothing else is needed: the input is read where it lies, no workspace.
 
-Each task owns its weights (a block of outputs, a group of input channels) and adds its
-positions in one order (samples, bands, rows, columns), whatever the threads do.
+Each task owns its weights (a block of outputs, a group of input channels) for a group of
+samples and adds its positions in one order (samples, bands, rows, columns); where the samples
+are split (small layers: ``task_split``), the groups' sums are added in order after. The
+grouping follows from the shape: the bits are the same whatever the threads.
 """
+import numba
 import numpy as np
 from numba import prange, types
 from numba.extending import intrinsic
@@ -26,10 +29,12 @@ from numba.extending import intrinsic
 from ..registry import cpu_variant
 from .vector_ir import Vectors, variant
 
-__all__ = ["CB", "BAND_POSITIONS", "outer_pays", "conv_weight_grad_outer"]
+__all__ = ["CB", "BAND_POSITIONS", "SAMPLE_TASKS", "outer_pays", "task_split",
+           "conv_weight_grad_outer"]
 
 CB = 6                  # input channels a microkernel call broadcasts (12 accumulators + 3)
 BAND_POSITIONS = 256    # output positions of dyT a task transposes at a time (at least a row)
+SAMPLE_TASKS = 4        # tasks below which a small layer's samples are split (task_split)
 
 
 @intrinsic
@@ -78,10 +83,11 @@ def _outer_tile(typingctx, channels, vl, x, x_channel, x_row, x_column, dyt, dyt
 def _outer_kernel(vl: int):
     ob = 2 * vl
 
-    def weight_grad_outer(x, dy, dw, geometry, band_rows, groups):
-        """``dw [out, C, kh, kw]`` (overwritten) from ``x [N, C, H, W]`` and ``dy [N, out,
-        OH, OW]``; ``geometry`` ``[kh, kw, sh, sw, ph, pw, dh, dw]`` (int64); tasks: blocks of
-        ``OB`` outputs x ``groups`` groups of input channels."""
+    def weight_grad_outer(x, dy, dw, geometry, band_rows, groups, sample_groups):
+        """``dw [sample_groups, out, C, kh, kw]`` (overwritten: each group of samples' sums)
+        from ``x [N, C, H, W]`` and ``dy [N, out, OH, OW]``; ``geometry`` ``[kh, kw, sh, sw,
+        ph, pw, dh, dw]`` (int64); tasks: blocks of ``OB`` outputs x ``groups`` groups of input
+        channels x ``sample_groups``."""
         samples, channels, height, width = x.shape
         out, out_h, out_w = dy.shape[1], dy.shape[2], dy.shape[3]
         kh, kw, sh, sw, ph, pw, dh, dwl = (geometry[0], geometry[1], geometry[2], geometry[3],
@@ -91,8 +97,11 @@ def _outer_kernel(vl: int):
         per_group = (per_group + 5) // 6 * 6
         x_sample, x_channel = channels * height * width, height * width
         xa = x.ctypes.data
-        for task in prange(blocks * groups):
-            block, group = task // groups, task % groups
+        per_samples = (samples + sample_groups - 1) // sample_groups
+        for task in prange(blocks * groups * sample_groups):
+            block, rest = task // (groups * sample_groups), task % (groups * sample_groups)
+            group, sample_group = rest // sample_groups, rest % sample_groups
+            n0, n1 = sample_group * per_samples, min(samples, (sample_group + 1) * per_samples)
             o0, c0 = block * ob, group * per_group
             outputs, c1 = min(ob, out - o0), min(channels, c0 + per_group)
             if c0 >= c1:
@@ -100,7 +109,7 @@ def _outer_kernel(vl: int):
             acc = np.zeros((taps, c1 - c0, ob), np.float32)
             dyt = np.zeros((band_rows * out_w, ob), np.float32)   # lanes past out stay 0
             aa, da = acc.ctypes.data, dyt.ctypes.data
-            for n in range(samples):
+            for n in range(n0, n1):
                 for b0 in range(0, out_h, band_rows):
                     b1 = min(out_h, b0 + band_rows)
                     for o in range(outputs):
@@ -152,7 +161,7 @@ def _outer_kernel(vl: int):
             for o in range(outputs):
                 for c in range(c0, c1):
                     for t in range(taps):
-                        dw[o0 + o, c, t // kw, t % kw] = acc[t, c - c0, o]
+                        dw[sample_group, o0 + o, c, t // kw, t % kw] = acc[t, c - c0, o]
     return cpu_variant(weight_grad_outer, variant(f"vl{vl}"), True)
 
 
@@ -167,21 +176,35 @@ def outer_pays(weight_shape) -> bool:
     return weight_shape[1] >= CB and weight_shape[2] * weight_shape[3] > 1
 
 
-def conv_weight_grad_outer(x, dy, dweight, geometry, vl: int, threads: int = 2) -> None:
-    """``dweight`` (overwritten) of a float32 convolution without groups. ``threads``: the
-    tasks are split into at least twice as many (by groups of input channels) where the
-    blocks of outputs are fewer; the results do not depend on it."""
+def task_split(x_shape, out: int, vl: int, threads: int):
+    """``(groups of input channels, groups of samples)``. Channels are split (whole calls of
+    ``CB`` a group) where the blocks of outputs are fewer than twice the threads: no weight's
+    sum changes. Samples are split only where even a call's channels a task would leave fewer
+    than ``SAMPLE_TASKS`` tasks, from the shape alone: their sums are added after, so the
+    bits depend on the split, and not on the threads. (Measured on 2 cores: about 4 tasks
+    beat 8 and 16, whose extra transposes of ``dy`` cost more than the balance gained.)"""
+    samples, channels = x_shape[0], x_shape[1]
+    blocks, calls = -(-out // (2 * vl)), -(-channels // CB)
+    groups = max(1, min(calls, -(-2 * threads // blocks)))
+    per_group = -(-(-(-channels // groups)) // CB) * CB
+    groups = -(-channels // per_group)
+    return groups, max(1, min(samples, -(-SAMPLE_TASKS // (blocks * calls))))
+
+
+def conv_weight_grad_outer(x, dy, dweight, geometry, vl: int) -> None:
+    """``dweight`` (overwritten) of a float32 convolution without groups. Groups of samples
+    (``task_split``) sum apart, then in their order."""
     samples, out, out_h, out_w = dy.shape
-    channels = x.shape[1]
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
     kernel = _KERNELS.get(vl)
     if kernel is None:
         kernel = _KERNELS[vl] = _outer_kernel(vl)
-    blocks = -(-out // (2 * vl))
-    groups = max(1, min(-(-channels // CB), -(-2 * threads // blocks)))
-    per_group = -(-channels // groups)
-    groups = -(-channels // (-(-per_group // CB) * CB))     # whole calls of CB channels a group
+    groups, sample_groups = task_split(x.shape, out, vl, numba.get_num_threads())
     band_rows = max(1, min(out_h, BAND_POSITIONS // out_w))
-    kernel(np.ascontiguousarray(x), np.ascontiguousarray(dy), dweight,
-           np.array([kh, kw, sh, sw, ph, pw, dh, dw], np.int64), band_rows, groups)
-
+    sums = dweight[None] if sample_groups == 1 else \
+        np.empty((sample_groups,) + dweight.shape, np.float32)
+    kernel(np.ascontiguousarray(x), np.ascontiguousarray(dy), sums,
+           np.array([kh, kw, sh, sw, ph, pw, dh, dw], np.int64), band_rows, groups,
+           sample_groups)
+    if sample_groups > 1:
+        np.add.reduce(sums, axis=0, out=dweight)      # the groups in order, lane by lane
