@@ -274,3 +274,17 @@ def test_bench_updates_smoke(capsys):
         assert re.search(rf"^ +{size} +[\d.]+ +[\d.]+ +[\d.]+x  yes$", out, re.M), out
     assert re.search(r"^resnet50 32 b2 +[\d.]+ +[\d.]+ +[\d.]+x  [\d.]+ / [\d.]+, [\d.]+ / [\d.]+$",
                      out, re.M), out
+
+
+def test_bench_direct_smoke(capsys):
+    """A row per shape: forward, weight and input gradient, direct and im2col + GEMM with their
+    ratios, and the paths the engine chose; the header names the host's lanes and mask way
+    (numbers never asserted)."""
+    assert run_script("bench_direct.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^bench_direct: \d+ threads, (8|16) lanes, (no )?mask registers", out,
+                     re.M), out
+    cell = r" +[\d.]+ +[\d.]+ +[\d.]+x"
+    for label in ("smoke 3x3", "smoke 5x5 s2"):
+        assert re.search(rf"^{label}{cell}{cell}{cell}  fwd (direct|gemm), dW (direct|gemm), "
+                         rf"dx (direct|lanes|gemm)$", out, re.M), out
