@@ -23,7 +23,7 @@ grouping follows from the shape: the bits are the same whatever the threads.
 """
 import numba
 import numpy as np
-from numba import prange, types
+from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ..registry import cpu_variant
@@ -80,6 +80,13 @@ def _outer_tile(typingctx, channels, vl, x, x_channel, x_row, x_column, dyt, dyt
     return sig, codegen
 
 
+@njit(inline="always", cache=True)
+def _inside(first, last, step, offset, size):
+    """The outputs ``first <= o < last`` whose tap ``o * step + offset`` lies in ``0 ..
+    size - 1``: a range ``(low, high)``, empty where ``low >= high`` (floor divisions)."""
+    return max(first, -(offset // step)), min(last, (size - 1 - offset) // step + 1)
+
+
 def _outer_kernel(vl: int):
     ob = 2 * vl
 
@@ -118,20 +125,11 @@ def _outer_kernel(vl: int):
                             for q in range(out_w):
                                 dyt[first + q, o] = row[q]
                     for i in range(kh):
-                        # rows oh of the band whose tap row i lies inside x: a range
-                        r0, r1 = b0, b1
-                        while r0 < r1 and r0 * sh + i * dh - ph < 0:
-                            r0 += 1
-                        while r1 > r0 and (r1 - 1) * sh + i * dh - ph >= height:
-                            r1 -= 1
+                        r0, r1 = _inside(b0, b1, sh, i * dh - ph, height)
                         if r0 >= r1:
                             continue
                         for j in range(kw):
-                            q0, q1 = 0, out_w
-                            while q0 < q1 and q0 * sw + j * dwl - pw < 0:
-                                q0 += 1
-                            while q1 > q0 and (q1 - 1) * sw + j * dwl - pw >= width:
-                                q1 -= 1
+                            q0, q1 = _inside(0, out_w, sw, j * dwl - pw, width)
                             if q0 >= q1:
                                 continue
                             x_at = xa + 4 * (n * x_sample + (r0 * sh + i * dh - ph) * width +
