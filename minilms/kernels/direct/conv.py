@@ -107,9 +107,17 @@ def _tile(typingctx, block, taps, vl, step, x, w, bias, offsets, masks, y, chann
             acc[o].add_incoming(current[o], tail)
         builder.cbranch(builder.icmp_signed("<", following, channels), loop, done)
         builder.position_at_end(done)
-        mask = v.mask_of_bits(builder.load(masks))
-        for o in range(block):
-            v.masked_store(current[o], v.at(y, builder.mul(constant(o), y_plane)), mask)
+        # a full tile (most of them) stores plainly: AVX2's masked stores cost far more on AMD
+        bits = builder.load(masks)
+        full = builder.icmp_signed("==", bits, constant((1 << vl) - 1))
+        with builder.if_else(full) as (plain, masked):
+            with plain:
+                for o in range(block):
+                    v.store(current[o], v.at(y, builder.mul(constant(o), y_plane)))
+            with masked:
+                mask = v.mask_of_bits(bits)
+                for o in range(block):
+                    v.masked_store(current[o], v.at(y, builder.mul(constant(o), y_plane)), mask)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -121,6 +121,11 @@ class Vectors:
         b = self.builder
         return b.load(b.bitcast(element_pointer, self.type.as_pointer()), align=4)
 
+    def store(self, value, element_pointer):
+        """``vl`` consecutive floats to an element pointer (unaligned)."""
+        b = self.builder
+        b.store(value, b.bitcast(element_pointer, self.type.as_pointer()), align=4)
+
     def lanes_below(self, count):
         """The mask of lanes ``0 .. count - 1`` (``count`` an ``i64``)."""
         index = ir.Constant(ir.VectorType(I64, self.vl), list(range(self.vl)))
