@@ -107,7 +107,7 @@ def _tile(typingctx, block, taps, vl, step, x, w, bias, offsets, masks, y, chann
             acc[o].add_incoming(current[o], tail)
         builder.cbranch(builder.icmp_signed("<", following, channels), loop, done)
         builder.position_at_end(done)
-        # a full tile (most of them) stores plainly: AVX2's masked stores cost far more on AMD
+        # a full tile (most of them) stores plainly: AVX2's masked stores are slow on AMD
         bits = builder.load(masks)
         full = builder.icmp_signed("==", bits, constant((1 << vl) - 1))
         with builder.if_else(full) as (plain, masked):

@@ -28,14 +28,14 @@ def host_vector_lanes(features=None) -> int:
 VL = host_vector_lanes()
 # AVX-512 has mask registers: a mask of lanes is an integer's bits, moved in one instruction.
 # AVX2 has none: its masked loads take a vector of lane masks, and LLVM builds one from bits lane
-# by lane (about 35 instructions for 8 lanes: the direct kernels' masked loads ran at a tenth of
-# the FMA rate). There the bits are spread by a broadcast, an AND and a compare.
+# by lane, a long scalar sequence per mask. There the bits are spread by a broadcast, an AND and a
+# compare (docs/benchmarks.md, "Why the code chose").
 MASK_REGISTERS = VL == 16
 # The vector registers a microkernel's block of accumulators has: AVX-512's 32, AVX2's 16.
 REGISTERS = 32 if VL == 16 else 16
 # The most accumulators a microkernel that adds one input vector times a broadcast weight keeps
 # (``conv``'s forward, ``input_grad``'s lanes): with those two and two to spare, 16 of AVX-512's
-# registers and 12 of AVX2's (16 there spilled: 1.2-1.6x slower, 12 against 16 and 8, measured).
+# registers and 12 of AVX2's, where 16 spilled (docs/benchmarks.md, "Why the code chose").
 BLOCK = min(16, REGISTERS - 4)
 # The lanes workspaces are sized for, whatever the host takes: the widest (AVX-512's), which
 # needs the most room, so that a layer's workspace, and so a plan, is the same on every host.

@@ -103,8 +103,8 @@ def _weight_tile(typingctx, block, rows, cols, vl, same_masks, x, dy, row_step, 
 def _group_rows(kernel_size) -> int:
     """Kernel rows a call handles: all of them where 3 outputs' accumulators for every tap fit
     the registers (32: up to 3x3), else one (5x5: 5 taps, 7x7: 7). With fewer outputs a call,
-    each input vector loaded feeds fewer FMAs: measured slower (3x3 on AVX2: all rows, 1
-    output, against one row, 3 outputs)."""
+    each input vector loaded feeds fewer FMAs, which ran slower (3x3 on AVX2; the figures in
+    docs/benchmarks.md, "Why the code chose")."""
     return kernel_size[0] if _block(kernel_size[0] * kernel_size[1]) >= 3 else 1
 
 

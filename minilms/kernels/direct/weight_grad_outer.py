@@ -3,7 +3,7 @@ direct weight gradient where vectors have no mask registers (AVX2).
 
 ``weight_grad``'s microkernel puts output positions in the lanes: every tap's input vector is a
 masked load, and its accumulators are summed across lanes at the end. Without AVX-512 it has 16
-registers for them and no mask registers, and it ran at a third of the FMA rate (measured). Here
+registers for them and no mask registers, and it ran far below the FMA rate. Here
 the lanes hold output channels instead, as a GEMM's microkernel does::
 
     dweight[o, c, t] = sum over n, output positions p of dyT[p, o] * x[n, c, tap t of p]
@@ -29,8 +29,8 @@ from numba.extending import intrinsic
 from ..registry import cpu_variant
 from .vector_ir import Vectors, variant
 
-__all__ = ["CB", "BAND_POSITIONS", "SAMPLE_TASKS", "outer_pays", "task_split",
-           "conv_weight_grad_outer"]
+__all__ = ["CB", "BAND_POSITIONS", "SAMPLE_TASKS", "outer_pays", "channels_per_group",
+           "task_split", "conv_weight_grad_outer"]
 
 CB = 6                  # input channels a microkernel call broadcasts (12 accumulators + 3)
 BAND_POSITIONS = 256    # output positions of dyT a task transposes at a time (at least a row)
@@ -90,18 +90,16 @@ def _inside(first, last, step, offset, size):
 def _outer_kernel(vl: int):
     ob = 2 * vl
 
-    def weight_grad_outer(x, dy, dw, geometry, band_rows, groups, sample_groups):
+    def weight_grad_outer(x, dy, dw, geometry, band_rows, groups, per_group, sample_groups):
         """``dw [sample_groups, out, C, kh, kw]`` (overwritten: each group of samples' sums)
         from ``x [N, C, H, W]`` and ``dy [N, out, OH, OW]``; ``geometry`` ``[kh, kw, sh, sw,
-        ph, pw, dh, dw]`` (int64); tasks: blocks of ``OB`` outputs x ``groups`` groups of input
-        channels x ``sample_groups``."""
+        ph, pw, dh, dw]`` (int64); tasks: blocks of ``OB`` outputs x ``groups`` groups of
+        ``per_group`` input channels (the last may have fewer) x ``sample_groups``."""
         samples, channels, height, width = x.shape
         out, out_h, out_w = dy.shape[1], dy.shape[2], dy.shape[3]
         kh, kw, sh, sw, ph, pw, dh, dwl = (geometry[0], geometry[1], geometry[2], geometry[3],
                                            geometry[4], geometry[5], geometry[6], geometry[7])
         taps, blocks = kh * kw, (out + ob - 1) // ob
-        per_group = (channels + groups - 1) // groups
-        per_group = (per_group + 5) // 6 * 6
         x_sample, x_channel = channels * height * width, height * width
         xa = x.ctypes.data
         per_samples = (samples + sample_groups - 1) // sample_groups
@@ -174,18 +172,22 @@ def outer_pays(weight_shape) -> bool:
     return weight_shape[1] >= CB and weight_shape[2] * weight_shape[3] > 1
 
 
+def channels_per_group(channels: int, groups: int) -> int:
+    """Input channels a group takes: a whole number of calls of ``CB``."""
+    return -(-(-(-channels // groups)) // CB) * CB
+
+
 def task_split(x_shape, out: int, vl: int, threads: int):
     """``(groups of input channels, groups of samples)``. Channels are split (whole calls of
     ``CB`` a group) where the blocks of outputs are fewer than twice the threads: no weight's
     sum changes. Samples are split only where even a call's channels a task would leave fewer
     than ``SAMPLE_TASKS`` tasks, from the shape alone: their sums are added after, so the
-    bits depend on the split, and not on the threads. (Measured on 2 cores: about 4 tasks
-    beat 8 and 16, whose extra transposes of ``dy`` cost more than the balance gained.)"""
+    bits depend on the split, and not on the threads. More tasks ran slower: their extra
+    transposes of ``dy`` cost more than the balance gained (docs/benchmarks.md)."""
     samples, channels = x_shape[0], x_shape[1]
     blocks, calls = -(-out // (2 * vl)), -(-channels // CB)
     groups = max(1, min(calls, -(-2 * threads // blocks)))
-    per_group = -(-(-(-channels // groups)) // CB) * CB
-    groups = -(-channels // per_group)
+    groups = -(-channels // channels_per_group(channels, groups))
     return groups, max(1, min(samples, -(-SAMPLE_TASKS // (blocks * calls))))
 
 
@@ -203,6 +205,6 @@ def conv_weight_grad_outer(x, dy, dweight, geometry, vl: int) -> None:
         np.empty((sample_groups,) + dweight.shape, np.float32)
     kernel(np.ascontiguousarray(x), np.ascontiguousarray(dy), sums,
            np.array([kh, kw, sh, sw, ph, pw, dh, dw], np.int64), band_rows, groups,
-           sample_groups)
+           channels_per_group(x.shape[1], groups), sample_groups)
     if sample_groups > 1:
         np.add.reduce(sums, axis=0, out=dweight)      # the groups in order, lane by lane
