@@ -54,10 +54,9 @@ def _outer_tile(typingctx, channels, vl, x, x_channel, x_row, x_column, dyt, dyt
         v = Vectors(builder, vl)
         x, dyt, acc = v.pointer(x), v.pointer(dyt), v.pointer(acc)
         constant = v.constant
-        halves = [(c, h, v.at(acc, builder.add(builder.mul(constant(c), acc_channel),
-                                                constant(h * vl))))
+        halves = [v.at(acc, builder.add(builder.mul(constant(c), acc_channel), constant(h * vl)))
                   for c in range(channels) for h in range(2)]
-        start = [v.load(where) for _, _, where in halves]
+        start = [v.load(where) for where in halves]
         x_at = [builder.mul(constant(c), x_channel) for c in range(channels)]
         row_body, r, row_acc = v.open_loop("row", start)
         x_r = v.at(x, builder.mul(r, x_row))
@@ -73,8 +72,8 @@ def _outer_tile(typingctx, channels, vl, x, x_channel, x_row, x_column, dyt, dyt
                 summed[2 * c + h] = v.fma(grads[h], inputs, summed[2 * c + h])
         v.close_loop(column_body, q, current, summed, columns, "columns_done")
         v.close_loop(row_body, r, row_acc, summed, rows, "rows_done")
-        for (_, _, where), value in zip(halves, summed):
-            builder.store(value, builder.bitcast(where, v.type.as_pointer()), align=4)
+        for where, value in zip(halves, summed):
+            v.store(value, where)
         return context.get_dummy_value()
 
     return sig, codegen
