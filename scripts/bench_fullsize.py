@@ -30,9 +30,9 @@ that is more). Columns: seconds per iteration, images/s, the ratio to PyTorch's 
 1.2x), model GFLOP/s (three times the forward's FLOPs a training iteration, the usual count, for
 every row alike) and their share of the SGEMM rate (goal 65%), the peak resident memory and, for
 minilms, the plan's host figure (``LmsExecutor.host_memory``: what the plan says the run needs,
-with the one batch the process holds) and the ratio of the peak's growth over the process's own
-resident memory after its imports to it (goal: within 10%; ``bench_host_memory.py`` says what
-the process itself adds).
+with the one batch the process holds and the kernels' one-time cost) and the ratio of the peak's
+growth over the process's own resident memory after its imports to it (goal: within 10%;
+``bench_host_memory.py`` says what the process itself adds).
 
 ``--big`` adds GoogLeNet at 2240x2240 with LMS on, at the largest batch whose plan's host figure
 fits in three quarters of this machine's available memory (PyTorch where LMS off would fit).

@@ -12,8 +12,9 @@ exist; the **peak** is the process's high-water mark (``VmHWM``, reset to the ba
 ``/proc/self/clear_refs``; without that, the peak since the process began) after ``--iters``
 iterations; the **growth** is peak minus baseline. The plan's **figure** is
 ``LmsExecutor.host_memory(batches=1)``: the homes of the blobs the plan needs on the host, the
-pool (on ``cpu`` it is host RAM) and the one batch the script holds. The ratio growth / figure is
-the goal's: within 10% (0.90x to 1.10x).
+pool (on ``cpu`` it is host RAM), the one batch the script holds, and the **kernels**, the run's
+one-time cost in the process (Numba's JIT started, the kernels loaded; ``minilms.lms.host``). The
+ratio growth / figure is the goal's: within 10% (0.90x to 1.10x).
 
 What the figure leaves out shows in the stages printed beside each run: the resident memory
 once the executor is built (the pool, the parameters and optimizer state initialised in their
@@ -22,11 +23,14 @@ Numba loading or compiling the kernels, the direct convolutions' LLVM code, the 
 buffers), and the peak. ``homes`` counts the blobs with a host copy after the build and after the
 iterations: equal, since the executor allocates them all before the first.
 
+**kept** is the resident memory over the baseline once the run's objects are freed: the process's
+one-time cost, which the figure's kernels term predicts (second ratio: kept / kernels).
+
 ``--in-process`` measures in this process instead (after a garbage collection and
 ``malloc_trim``, so freed memory is given back first, and after an unmeasured warm-up run of
-each mode, so the kernels are loaded before the peak is taken): what the test suite does with
-``--smoke`` (ResNet-18 at a quarter width, 32x32, batch 4, 6 MiB). Numbers are printed, never
-asserted, beyond being sane.
+each mode, so the kernels are loaded before the peak is taken, and the growth is set against the
+figure less its kernels): what the test suite does with ``--smoke`` (ResNet-18 at a quarter
+width, 32x32, batch 4, 6 MiB). Numbers are printed, never asserted, beyond being sane.
 """
 import argparse
 import ctypes
@@ -143,7 +147,7 @@ def _run(args, mode: str, baseline: int) -> dict:
     return {"mode": mode, "policy": described, "pool": capacity,
             "built": built - baseline, "built_figure": capacity + state,
             "first": stages[0] - baseline, "peak": high - baseline,
-            "figure": figure.total, "figure_text": figure.describe(),
+            "figure": figure.total, "kernels": figure.kernels, "figure_text": figure.describe(),
             "homes_built": homes_built, "homes_after": homes_after,
             "blobs": len(executor.blobs)}
 
@@ -169,7 +173,10 @@ def mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.1f}"
 
 
-def report(args, results: list[dict], where: str) -> None:
+def report(args, results: list[dict], where: str, warmed: bool) -> None:
+    """The table, each run's figure and what lies beyond it, and the goals. ``warmed``: the
+    process paid its one-time cost before the baseline, so the growth is set against the figure
+    less its kernels term."""
     first = results[0]
     print(f"host memory: ResNet-{args.depth}"
           f"{f' at 1/{args.width} width' if args.width != 1 else ''}, "
@@ -177,34 +184,45 @@ def report(args, results: list[dict], where: str) -> None:
           f"device, {args.iters} iterations; {where}")
     print(f"process baseline (resident after the imports: Python, numpy, Numba, minilms): "
           f"{mib(first['baseline'])} MiB\n")
-    print(f"{'run':<9} {'pool':>8} {'figure':>8} {'built':>8} {'1st iter':>8} {'peak':>8} "
-          f"{'ratio':>7} {'kept':>7} {'ratio':>7}  homes")
+    print(f"{'run':<9} {'pool':>8} {'figure':>8} {'kernels':>8} {'built':>8} {'1st iter':>8} "
+          f"{'peak':>8} {'ratio':>7} {'kept':>7} {'ratio':>7}  homes")
     for r in results:
         print(f"{MODES[r['mode']]:<9} {mib(r['pool']):>8} {mib(r['figure']):>8} "
-              f"{mib(r['built']):>8} {mib(r['first']):>8} {mib(r['peak']):>8} "
-              f"{r['peak'] / r['figure']:>6.3f}x {mib(r['after']):>7} "
-              f"{(r['peak'] - r['after']) / r['figure']:>6.3f}x  {r['homes_built']}/"
-              f"{r['homes_after']}/{r['blobs']}")
-    print("(MiB; built, 1st iter, peak: resident over the baseline; ratio: peak / figure; kept: "
-          "resident over the baseline\n once the run's objects are freed, the process's one-time "
-          "cost (kernels loaded or compiled, their caches); second ratio: (peak - kept) / figure;"
-          "\n homes: blobs with a host copy once built / after the iterations / all blobs)")
+              f"{mib(r['kernels']):>8} {mib(r['built']):>8} {mib(r['first']):>8} "
+              f"{mib(r['peak']):>8} {r['peak'] / counted(r, warmed):>6.3f}x {mib(r['after']):>7} "
+              f"{'-' if warmed else format(r['after'] / r['kernels'], '.3f') + 'x':>7}  "
+              f"{r['homes_built']}/{r['homes_after']}/"
+              f"{r['blobs']}")
+    print("(MiB; figure: the plan's, kernels: its term for the run's one-time cost; built, 1st "
+          "iter, peak: resident\n over the baseline; ratio: peak / figure"
+          + (" less kernels (paid by the warm-up)" if warmed else "") + "; kept: resident over "
+          "the baseline once the run's\n objects are freed, the process's one-time cost (kernels "
+          "loaded or compiled, their caches); second ratio:\n kept / kernels (none after a "
+          "warm-up); homes: blobs with a host copy once built / after the iterations / all blobs)")
     for r in results:
         built = r["built"] - r["built_figure"]
         print(f"\n{MODES[r['mode']]}: {r['policy']}\n  figure: {r['figure_text']}\n"
-              f"  beyond the figure: {mib(r['peak'] - r['figure'])} MiB at the peak, of which "
-              f"{mib(r['after'])} MiB the process kept; {mib(built)} MiB once built (beyond the "
-              f"pool and the parameters and state written, {mib(r['built_figure'])} MiB), "
-              f"{mib(r['first'] - r['figure'])} MiB after the first iteration")
+              f"  beyond the figure: {mib(r['peak'] - counted(r, warmed))} MiB at the peak; "
+              f"{mib(built)} MiB once built (beyond the pool and the parameters and state "
+              f"written, {mib(r['built_figure'])} MiB), "
+              f"{mib(r['first'] - counted(r, warmed))} MiB after the first iteration")
         if not r["reset"]:
             print("  (the high-water mark could not be reset: the peak is the process's)")
     auto = next(r for r in results if r["mode"] == "auto")
-    for what, ratio in (("peak growth", auto["peak"] / auto["figure"]),
-                        ("peak growth less the process's one-time cost",
-                         (auto["peak"] - auto["after"]) / auto["figure"])):
-        met = "met" if abs(ratio - 1) <= GOAL else "not met"
-        print(f"goal: {what} within {GOAL:.0%} of the plan's figure, LMS auto in "
-              f"{format_bytes(auto['pool'])}: {ratio:.3f}x ({met})")
+    ratio = auto["peak"] / counted(auto, warmed)
+    met = "met" if abs(ratio - 1) <= GOAL else "not met"
+    print(f"goal: peak growth within {GOAL:.0%} of the plan's figure, LMS auto in "
+          f"{format_bytes(auto['pool'])}: {ratio:.3f}x ({met})")
+    if warmed:
+        return
+    print(f"the process's one-time cost against the figure's kernels term, LMS auto: "
+          f"{mib(auto['after'])} of {mib(auto['kernels'])} MiB "
+          f"({auto['after'] / auto['kernels']:.3f}x)")
+
+
+def counted(run: dict, warmed: bool) -> int:
+    """The part of the figure a run's growth is set against."""
+    return run["figure"] - (run["kernels"] if warmed else 0)
 
 
 def main(argv=None) -> int:
@@ -235,7 +253,7 @@ def main(argv=None) -> int:
     else:
         results = [run_child(args, mode) for mode in MODES]
         where = "each run in a process of its own"
-    report(args, results, where)
+    report(args, results, where, warmed=args.in_process)
     return 0
 
 

@@ -1,6 +1,11 @@
 """Host memory, stated and kept (``minilms.lms.host``): blobs get a host copy (a home) only where
 the plan needs one, all of them before the first iteration and none during one; the plan's figure is
 the sum a reader gets by walking the plan; training is unchanged, bit for bit."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -21,6 +26,7 @@ from minilms.lms import (
     make_plan,
     resident_bytes,
 )
+from minilms.lms.host import CPU_KERNEL_BYTES
 from minilms.net import Net
 from minilms.sizes import format_bytes
 from minilms.solver import SGD
@@ -146,7 +152,9 @@ def test_the_figure_is_the_sum_of_the_walked_plan(kind, policy):
     assert figure.home_bytes == blob_bytes and figure.batches == 4 * one_batch
     pool = plan.capacity if kind == "cpu" else 0
     assert figure.pool == pool
-    assert figure.total == blob_bytes + pool + 4 * one_batch
+    kernels = CPU_KERNEL_BYTES if kind == "cpu" else 0     # the run's one-time cost: cpu only
+    assert figure.kernels == kernels
+    assert figure.total == blob_bytes + pool + 4 * one_batch + kernels
     locked = sum(net.blobs[n].nbytes * (2 if n in twice else 1) for n in walked_crossing(plan))
     assert figure.pinned == (locked if kind == "cuda" else 0)
     assert 0 < locked <= blob_bytes
@@ -154,7 +162,8 @@ def test_the_figure_is_the_sum_of_the_walked_plan(kind, policy):
     text = figure.describe()
     assert text.startswith(f"{format_bytes(figure.total)} (pinned ") and "blob homes of" in text
     assert ("pool (host RAM on cpu)" in text) == (kind == "cpu")
-    assert host_memory(plan, kind).total == blob_bytes + pool
+    assert ("kernels (Numba's JIT and the cpu kernels, once)" in text) == (kind == "cpu")
+    assert host_memory(plan, kind).total == blob_bytes + pool + kernels
     with pytest.raises(ValueError, match="cpu or cuda"):
         host_memory(plan, "tpu")
 
@@ -309,3 +318,17 @@ def test_only_what_crosses_the_link_is_page_locked_in_one_arena_for_every_progra
         assert figure.pinned == 2 * sum(off.blobs[n].nbytes for n in locked_off) < \
             figure.home_bytes
         assert off.ring.nbytes >= figure.pinned
+
+
+@pytest.mark.slow
+def test_the_kernels_term_is_what_a_run_adds_to_a_fresh_process_once():
+    """The figure's kernels term is one measured constant, not a sum over the plan: here against
+    what a run really leaves in a fresh process once its objects are freed (``bench_host_memory``'s
+    child: Numba's JIT started, the kernels loaded from the cache, the threads' buffers). A small
+    net loads fewer kernels than the full-size ones the constant was measured on: loosely."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_host_memory.py"
+    done = subprocess.run([sys.executable, str(script), "--child", "off", "--depth", "18",
+                           "--width", "4", "--image-size", "32", "--batch", "4", "--classes", "10",
+                           "--iters", "1"], capture_output=True, text=True, check=True)
+    kept = json.loads(done.stdout.strip().splitlines()[-1])["after"]
+    assert 0.7 <= kept / CPU_KERNEL_BYTES <= 1.3, kept / 2**20

@@ -7,6 +7,7 @@ import pytest
 
 from minilms.commands.common import run
 from minilms.commands.plan import main
+from minilms.lms.host import CPU_KERNEL_BYTES
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 
@@ -120,16 +121,19 @@ def size(text: str) -> float:
 @pytest.mark.parametrize("summary", [[], ["--summary"]], ids=["table", "summary"])
 def test_the_host_memory_line(capsys, summary):
     """Beside the device figures: what the host needs (homes, the pool on cpu, the loader's
-    batches: prefetch 2, so four), its parts adding up to the total, and the process as it is."""
+    batches: prefetch 2, so four; the kernels' one-time cost on cpu), its parts adding up to the
+    total, and the process as it is."""
     code, out, err = plan(capsys, CONFIGS[0].parent / "quickstart.yaml", *summary)
     assert code == 0, err
     line = next(line for line in out.splitlines() if line.startswith("host memory"))
     found = re.fullmatch(r"host memory +([\d.]+ \w+)  \(pinned 0 B, pageable ([\d.]+ \w+): "
                          r"([\d.]+ \w+) blob homes of \d+ blobs, 9.00 MiB pool \(host RAM on "
-                         r"cpu\), ([\d.]+ \w+) batches x4\)", line)
+                         r"cpu\), ([\d.]+ \w+) batches x4, ([\d.]+ \w+) kernels \(Numba's JIT and "
+                         r"the cpu kernels, once\)\)", line)
     assert found, line
-    total, pageable, homes, batches = (size(g) for g in found.groups())
-    assert total == pageable and abs(homes + 9 * 2**20 + batches - total) < 0.02 * 2**20
+    total, pageable, homes, batches, kernels = (size(g) for g in found.groups())
+    assert kernels == CPU_KERNEL_BYTES
+    assert total == pageable and abs(homes + 9 * 2**20 + batches + kernels - total) < 0.02 * 2**20
     assert abs(batches - 4 * (32 * 3 * 32 * 32 * 4 + 32 * 4)) < 0.01 * 2**20   # 4 batches of 32
     # the test process's own size: MiB alone, GiB deep in a full test session
     assert re.search(r"^  \+ the process +[\d.]+ [KMG]iB  \(resident in this one now", out, re.M)

@@ -223,15 +223,14 @@ def recompute_lines(net, steps, plan: Plan, capacity: int, model) -> list[str]:
 
 
 def host_lines(plan: Plan, kind: str, prefetch: int) -> list[str]:
-    """What the host needs: the blobs' homes, the pool on ``cpu``, the loader's batches; then
-    the process itself, measured as it stands (the kernels a run loads come on top)."""
+    """What the host needs: the blobs' homes, the pool and the kernels on ``cpu``, the loader's
+    batches; then the process itself, measured as it stands."""
     host = host_memory(plan, kind, loader_batches(prefetch))
     lines = [f"host memory          {format_bytes(host.total):>12}  ({host.breakdown()})"]
     resident = process_resident()
     if resident is not None:
         lines.append(f"  + the process      {format_bytes(resident):>12}  (resident in this one "
-                     "now: Python, numpy, Numba, minilms, the net; a run adds its compiled "
-                     "kernels)")
+                     "now: Python, numpy, Numba, minilms, the net)")
     available, _ = host_memory_info()
     if host.total + (resident or 0) > available:
         lines.append(f"note: the host needs more than the {format_bytes(available)} this machine "

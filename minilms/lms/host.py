@@ -26,10 +26,17 @@
 * **batches**: the data loader (``minilms.datasets.BatchLoader``) holds ``prefetch + 2`` batches
   at once (``loader_batches``): the one training, ``prefetch`` waiting, and one being made.
 
-What it does not count is the process itself: Python, numpy, Numba and its compiled kernels, the
-BLAS library's buffers, the net's Python objects (and on ``cuda`` the driver's context). That is
-measured, not guessed: ``scripts/bench_host_memory.py`` prints it beside a run's peak resident
-memory, whose growth over it the figure here predicts.
+* **kernels** (``cpu``): what a run adds to the process once, whatever its net: Numba's JIT
+  started (LLVM's code pages and its runtime module, which the first kernel of a process brings,
+  even from the cache), the kernels the net loads from the cache with their tables, and the BLAS
+  and OpenMP threads' buffers. It is nearly the same for a small net as for ResNet-152, so it is
+  one measured constant (``CPU_KERNEL_BYTES``), not a sum over the plan; on ``cuda`` (the
+  driver's context, the CUDA kernels) it is not measured and not counted.
+
+What it does not count is the process as it stands after its imports: Python, numpy, Numba,
+minilms, the net's Python objects. ``minilms.plan`` prints that as measured in its own process,
+and ``scripts/bench_host_memory.py`` measures a run's peak resident memory over it, which the
+figure here predicts.
 """
 from dataclasses import dataclass, field
 
@@ -40,6 +47,10 @@ from ..sizes import format_bytes
 from .plan import Plan
 
 RING_SLOTS = 2   # sets of homes for what the host writes and reads every iteration (lms.ring)
+# What a run on the cpu device adds to the process once (the module's docstring: kernels):
+# bench_host_memory's "kept", from a quarter-width ResNet-18 to ResNet-152 (benchmarks.md,
+# "Why the code chose"). A rounded middle, not a bound.
+CPU_KERNEL_BYTES = 96 * 2**20
 
 
 def ring_blobs(plan: Plan) -> list[str]:
@@ -84,6 +95,7 @@ class HostMemory:
     pool: int                         # the pool's arena on ``cpu`` (host RAM); 0 on ``cuda``
     batches: int                      # the loader's batches
     batch_count: int                  # how many of them
+    kernels: int = 0                  # the run's one-time cost on ``cpu`` (``CPU_KERNEL_BYTES``)
 
     @property
     def home_bytes(self) -> int:
@@ -102,18 +114,21 @@ class HostMemory:
 
     @property
     def total(self) -> int:
-        return self.home_bytes + self.pool + self.batches
+        return self.home_bytes + self.pool + self.batches + self.kernels
 
     def breakdown(self) -> str:
         """Pinned and pageable, and what they are made of: ``pinned 0 B, pageable 942.72 MiB:
         682.12 MiB blob homes of 493 blobs, 256.00 MiB pool (host RAM on cpu), 18.38 MiB
-        batches x4``."""
+        batches x4, 96.00 MiB kernels (Numba's JIT and the cpu kernels, once)``."""
         parts = [f"{format_bytes(self.home_bytes)} blob homes of {len(self.homes)} blobs"
                  + (f" ({format_bytes(self.pinned)} of them pinned)" if self.pinned else "")]
         if self.pool:
             parts.append(f"{format_bytes(self.pool)} pool (host RAM on cpu)")
         if self.batch_count:
             parts.append(f"{format_bytes(self.batches)} batches x{self.batch_count}")
+        if self.kernels:
+            parts.append(f"{format_bytes(self.kernels)} kernels (Numba's JIT and the cpu kernels, "
+                         "once)")
         return (f"pinned {format_bytes(self.pinned)}, pageable {format_bytes(self.pageable)}: "
                 + ", ".join(parts))
 
@@ -144,16 +159,18 @@ def loader_batches(prefetch: int) -> int:
 
 def host_memory(plan: Plan, device_kind: str, batches: int = 0) -> HostMemory:
     """The host memory ``plan`` needs on a ``device_kind`` (``"cpu"`` or ``"cuda"``) device:
-    its blobs' homes, on ``cpu`` the pool, and ``batches`` batches of the net's inputs held
-    beside them (a trainer's loader: ``loader_batches(data.prefetch)``). Add the process itself
-    (measured) for what a run's resident memory peaks at."""
+    its blobs' homes, on ``cpu`` the pool and the kernels' one-time cost, and ``batches``
+    batches of the net's inputs held beside them (a trainer's loader:
+    ``loader_batches(data.prefetch)``). Add the process as it stands after its imports
+    (``process_resident``) for what a run's resident memory peaks at."""
     if device_kind not in ("cpu", "cuda"):
         raise ValueError(f"device kind must be cpu or cuda, found {device_kind!r}")
     ring = set(ring_blobs(plan))
     return HostMemory(device_kind, {n: plan.blobs[n].nbytes * (RING_SLOTS if n in ring else 1)
                                     for n in homes(plan)},
                       frozenset(crossing(plan)), plan.capacity if device_kind == "cpu" else 0,
-                      batches * batch_bytes(plan), batches)
+                      batches * batch_bytes(plan), batches,
+                      CPU_KERNEL_BYTES if device_kind == "cpu" else 0)
 
 
 class HomeArena:
