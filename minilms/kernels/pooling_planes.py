@@ -9,10 +9,18 @@ max over a ``kh x kw`` window is the max over its rows of each row's max over ``
    and where it was, into a scratch plane of ``height x out_w``. Where the width is ``stride x
    out_w``, an output's first input in the flattened plane is ``stride * q - pad`` for the
    scratch position ``q``: one loop over the whole plane, with a constant stride, vectorises
-   whatever the width. The outputs whose window the row's ends clip are redone one by one after
-   it (the flattened loop read the next row's elements for them).
+   whatever the width. The outputs whose window the row's ends clip are redone after it, a
+   column of them at a time (the flattened loop read the next row's elements for them).
 2. **down**: for every output, the max of its window's rows' maxima; for a 3-row window of stride
-   1 and padding 1 (GoogLeNet's inception pools), one loop over the flattened plane too.
+   1 and padding 1 (GoogLeNet's inception pools), one loop over the flattened plane too. Any
+   other window takes, in one loop over the flattened scratch plane, the maxima of every
+   ``kh`` consecutive rows (at a vertical stride of 2 twice the rows it needs), then copies the
+   output rows' out of them; only rows the window's top or bottom clips are done a row at a time.
+   A loop over one output row (7-28 wide) runs scalar: LLVM's vector loop takes 32 at a time.
+
+At a horizontal stride of 2 the plane is first split into its even and odd columns (``ev``,
+``od``: the flattened plane's even and odd elements, since the width is ``2 x out_w``), so the
+across loop reads each tap's column consecutively, not every other element.
 
 The result is ``max_pool_forward_cpu``'s bit for bit, values and argmax: that kernel keeps the
 first maximum in row-major order, and a NaN replaces whatever is kept (so the last NaN wins);
@@ -69,6 +77,37 @@ def _across(src, hv, hi, q0, q1, pw, stride, kw):
 
 
 @njit(inline="always")
+def _split(src, ev, od):
+    """``ev[k] = src[2k]``, ``od[k] = src[2k + 1]``: the flattened plane's even and odd elements."""
+    for k in range(ev.size):
+        ev[U(k)] = src[U(2 * k)]
+        od[U(k)] = src[U(2 * k + 1)]
+
+
+@njit(inline="always")
+def _tap(ev, od, m):
+    """Where element ``2q + m`` of the plane lies for every ``q``: the half (``ev`` or ``od``)
+    and the shift to add to ``q``."""
+    return (ev if m % 2 == 0 else od), m // 2
+
+
+@njit(inline="always")
+def _across_halves(ev, od, hv, hi, q0, q1, pw, kw):
+    """``_across`` at stride 2 from the plane's halves: the same maxima and positions, each tap
+    read consecutively. Called with a constant ``kw`` and ``pw`` (0 or 1)."""
+    a0, s0 = _tap(ev, od, -pw)
+    a1, s1 = _tap(ev, od, 1 - pw)
+    a2, s2 = _tap(ev, od, 2 - pw)
+    for q in range(q0, q1):
+        base = 2 * q - pw
+        b, a = a0[U(q + s0)], np.int32(base)
+        b, a = _keep(a1[U(q + s1)], np.int32(base + 1), b, a)
+        if kw == 3:
+            b, a = _keep(a2[U(q + s2)], np.int32(base + 2), b, a)
+        hv[U(q)], hi[U(q)] = b, a
+
+
+@njit(inline="always")
 def _across_clipped(src, hv, hi, h, ow, width, out_w, stride, pw, kw):
     """One scratch position whose window the row's ends clip, element by element."""
     w_lo, w_hi = max(ow * stride - pw, 0), min(ow * stride - pw + kw, width)
@@ -77,6 +116,22 @@ def _across_clipped(src, hv, hi, h, ow, width, out_w, stride, pw, kw):
     for w in range(w_lo + 1, w_hi):
         b, a = _keep(src[h * width + w], np.int32(h * width + w), b, a)
     hv[h * out_w + ow], hi[h * out_w + ow] = b, a
+
+
+@njit(inline="always")
+def _clipped_column(src, hv, hi, height, width, out_w, ow, sw, pw, kw):
+    """Scratch column ``ow`` of every row, whose window the rows' ends clip. Where two columns
+    are left (the zoo's pools: a 3-wide window with one column in the padding), without the
+    general loop, which took as long as the flattened pass."""
+    w_lo, w_hi = max(ow * sw - pw, 0), min(ow * sw - pw + kw, width)
+    if w_hi - w_lo == 2:
+        for h in range(height):
+            at = h * width + w_lo
+            b, a = _keep(src[U(at + 1)], np.int32(at + 1), src[U(at)], np.int32(at))
+            hv[U(h * out_w + ow)], hi[U(h * out_w + ow)] = b, a
+    else:
+        for h in range(height):
+            _across_clipped(src, hv, hi, h, ow, width, out_w, sw, pw, kw)
 
 
 @njit(inline="always")
@@ -101,18 +156,39 @@ def _down_same3(hv, hi, out, arg, out_w, out_h):
 
 
 @njit(inline="always")
-def _down(hv, hi, out, arg, out_w, out_h, height, kh, sh, ph):
-    """Any window down: an output row at a time, its window's first row, then each next one."""
+def _down(hv, hi, dv, di, out, arg, out_w, out_h, height, kh, sh, ph):
+    """Any window down: the maxima of every ``kh`` rows of the scratch plane in one flattened
+    loop (``dv``, ``di``), each output row a copy of its window's; a row whose window the plane's
+    top or bottom clips from its rows one by one. Called with a constant ``kh`` where it can
+    be: a loop over the taps inside the flattened loop keeps LLVM from vectorising it."""
+    inside = (height - kh + 1) * out_w
+    for q in range(max(inside, 0)):
+        b, a = hv[U(q)], hi[U(q)]
+        for i in range(1, kh):
+            b, a = _keep(hv[U(q + i * out_w)], hi[U(q + i * out_w)], b, a)
+        dv[U(q)], di[U(q)] = b, a
     for oh in range(out_h):
-        h_lo, h_hi = max(oh * sh - ph, 0), min(oh * sh - ph + kh, height)
-        row, first = oh * out_w, h_lo * out_w
-        for ow in range(out_w):
-            out[U(row + ow)], arg[U(row + ow)] = hv[U(first + ow)], hi[U(first + ow)]
-        for h in range(h_lo + 1, h_hi):
-            at = h * out_w
+        top, row = oh * sh - ph, oh * out_w
+        if top >= 0 and top + kh <= height:
             for ow in range(out_w):
-                b, a = _keep(hv[U(at + ow)], hi[U(at + ow)], out[U(row + ow)], arg[U(row + ow)])
-                out[U(row + ow)], arg[U(row + ow)] = b, a
+                out[U(row + ow)], arg[U(row + ow)] = dv[U(top * out_w + ow)], \
+                    di[U(top * out_w + ow)]
+        else:
+            _down_clipped(hv, hi, out, arg, out_w, height, kh, top, row)
+
+
+@njit(inline="always")
+def _down_clipped(hv, hi, out, arg, out_w, height, kh, top, row):
+    """One output row whose window starts at row ``top`` and is clipped by the plane."""
+    h_lo, h_hi = max(top, 0), min(top + kh, height)
+    first = h_lo * out_w
+    for ow in range(out_w):
+        out[U(row + ow)], arg[U(row + ow)] = hv[U(first + ow)], hi[U(first + ow)]
+    for h in range(h_lo + 1, h_hi):
+        at = h * out_w
+        for ow in range(out_w):
+            b, a = _keep(hv[U(at + ow)], hi[U(at + ow)], out[U(row + ow)], arg[U(row + ow)])
+            out[U(row + ow)], arg[U(row + ow)] = b, a
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -127,25 +203,39 @@ def max_pool_forward_planes_cpu(x, y, argmax, geom):
     inner, outer = _interior(width, out_w, kw, sw, pw)
     q0, q1 = inner, height * out_w - (out_w - outer)
     chunks = min(planes, CHUNKS)
+    same3 = kh == 3 and sh == 1 and ph == 1 and out_h == height
     for chunk in prange(chunks):
         hv = np.empty(height * out_w, x.dtype)
         hi = np.empty(height * out_w, np.int32)
+        dv = np.empty(0 if same3 else height * out_w, x.dtype)
+        di = np.empty(0 if same3 else height * out_w, np.int32)
+        halves = height * width // 2 if sw == 2 else 0
+        ev, od = np.empty(halves, x.dtype), np.empty(halves, x.dtype)
         for p in range(chunk * planes // chunks, (chunk + 1) * planes // chunks):
             src, out, arg = xs[p], ys[p], args[p]
             if sw == 1 and kw == 3:
                 _across(src, hv, hi, q0, q1, pw, 1, 3)
             elif sw == 1:
                 _across(src, hv, hi, q0, q1, pw, 1, 2)
-            elif kw == 3:
-                _across(src, hv, hi, q0, q1, pw, 2, 3)
-            else:
-                _across(src, hv, hi, q0, q1, pw, 2, 2)
-            for h in range(height):
-                for ow in range(inner):
-                    _across_clipped(src, hv, hi, h, ow, width, out_w, sw, pw, kw)
-                for ow in range(outer, out_w):
-                    _across_clipped(src, hv, hi, h, ow, width, out_w, sw, pw, kw)
-            if kh == 3 and sh == 1 and ph == 1 and out_h == height:
+            else:     # constant taps and padding: each tap's half and shift known
+                _split(src, ev, od)
+                if kw == 3 and pw == 0:
+                    _across_halves(ev, od, hv, hi, q0, q1, 0, 3)
+                elif kw == 3:
+                    _across_halves(ev, od, hv, hi, q0, q1, 1, 3)
+                elif pw == 0:
+                    _across_halves(ev, od, hv, hi, q0, q1, 0, 2)
+                else:
+                    _across_halves(ev, od, hv, hi, q0, q1, 1, 2)
+            for ow in range(inner):
+                _clipped_column(src, hv, hi, height, width, out_w, ow, sw, pw, kw)
+            for ow in range(outer, out_w):
+                _clipped_column(src, hv, hi, height, width, out_w, ow, sw, pw, kw)
+            if same3:
                 _down_same3(hv, hi, out, arg, out_w, out_h)
+            elif kh == 3:        # a constant window: the flattened loop's taps unrolled
+                _down(hv, hi, dv, di, out, arg, out_w, out_h, height, 3, sh, ph)
+            elif kh == 2:
+                _down(hv, hi, dv, di, out, arg, out_w, out_h, height, 2, sh, ph)
             else:
-                _down(hv, hi, out, arg, out_w, out_h, height, kh, sh, ph)
+                _down(hv, hi, dv, di, out, arg, out_w, out_h, height, kh, sh, ph)
