@@ -28,14 +28,21 @@ each pass applies the same rule in the same order (a row's first maximum, or its
 the first row whose maximum is the window's, or the last row with a NaN), which picks the same
 element (tests/kernels/test_pooling.py). A plane's scratch (values and indices) is taken once per
 chunk of planes, a few KiB to a few MiB, and given back after it.
+
+Small planes are stacked: a block of ``block_planes`` consecutive planes (``BLOCK_ELEMENTS``
+inputs) is one tall plane to both passes, since a flattened loop over one 7x7 or 14x14 plane is
+mostly its scalar remainder. The rows of a window never cross two planes: across works row by
+row, and down redoes each plane's clipped rows from its own; the positions found are made each
+plane's own at the end.
 """
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["ENABLED", "applies", "max_pool_forward_planes_cpu"]
+__all__ = ["ENABLED", "applies", "block_planes", "max_pool_forward_planes_cpu"]
 
 ENABLED = True  # False: ``applies`` says no everywhere (the benchmark's A/B)
-CHUNKS = 64     # of planes, in parallel: each takes one scratch plane for all of its planes
+CHUNKS = 64     # of blocks, in parallel: each takes one block's scratch for all of its blocks
+BLOCK_ELEMENTS = 4096   # inputs a block of planes stacked into one tall plane, at least a plane
 U = np.uint64   # unsigned indices: numba's negative-index wrap-around stops the vectoriser
 
 
@@ -135,89 +142,120 @@ def _clipped_column(src, hv, hi, height, width, out_w, ow, sw, pw, kw):
 
 
 @njit(inline="always")
-def _down_same3(hv, hi, out, arg, out_w, out_h):
-    """A 3-row window of stride 1 and padding 1 (``out_h == height``): rows ``oh - 1 .. oh +
-    1``, flattened; the first and the last output rows have two."""
-    n = out_h * out_w
+def _down_same3(hv, hi, out, arg, out_w, out_h, planes):
+    """A 3-row window of stride 1 and padding 1 (``out_h == height``) over ``planes`` planes
+    stacked: rows ``oh - 1 .. oh + 1``, flattened over them all; then each plane's first and
+    last output rows, which have two of their own (the flattened loop read a neighbour's)."""
+    plane, n = out_h * out_w, planes * out_h * out_w
     for o in range(out_w, n - out_w):
         b, a = hv[U(o - out_w)], hi[U(o - out_w)]
         b, a = _keep(hv[U(o)], hi[U(o)], b, a)
         b, a = _keep(hv[U(o + out_w)], hi[U(o + out_w)], b, a)
         out[U(o)], arg[U(o)] = b, a
-    for o in range(min(out_w, n)):
-        b, a = hv[o], hi[o]
-        if out_h > 1:
-            b, a = _keep(hv[o + out_w], hi[o + out_w], b, a)
-        out[o], arg[o] = b, a
-    for o in range(max(n - out_w, out_w), n):
-        b, a = hv[o - out_w], hi[o - out_w]
-        b, a = _keep(hv[o], hi[o], b, a)
-        out[o], arg[o] = b, a
+    for p in range(planes):
+        first, last = p * plane, p * plane + plane - out_w
+        for o in range(first, first + out_w):
+            b, a = hv[U(o)], hi[U(o)]
+            if out_h > 1:
+                b, a = _keep(hv[U(o + out_w)], hi[U(o + out_w)], b, a)
+            out[U(o)], arg[U(o)] = b, a
+        for o in range(max(last, first + out_w), first + plane):
+            b, a = hv[U(o - out_w)], hi[U(o - out_w)]
+            b, a = _keep(hv[U(o)], hi[U(o)], b, a)
+            out[U(o)], arg[U(o)] = b, a
 
 
 @njit(inline="always")
-def _down(hv, hi, dv, di, out, arg, out_w, out_h, height, kh, sh, ph):
-    """Any window down: the maxima of every ``kh`` rows of the scratch plane in one flattened
-    loop (``dv``, ``di``), each output row a copy of its window's; a row whose window the plane's
-    top or bottom clips from its rows one by one. Called with a constant ``kh`` where it can
-    be: a loop over the taps inside the flattened loop keeps LLVM from vectorising it."""
-    inside = (height - kh + 1) * out_w
+def _down(hv, hi, dv, di, out, arg, out_w, out_h, height, kh, sh, ph, planes):
+    """Any window down, over ``planes`` planes stacked: the maxima of every ``kh`` rows of the
+    scratch in one flattened loop (``dv``, ``di``; windows across two planes are computed and
+    never used), each output row a copy of its window's; a row whose window its plane's top or
+    bottom clips from its rows one by one. Called with a constant ``kh`` where it can be: a
+    loop over the taps inside the flattened loop keeps LLVM from vectorising it."""
+    inside = (planes * height - kh + 1) * out_w
     for q in range(max(inside, 0)):
         b, a = hv[U(q)], hi[U(q)]
         for i in range(1, kh):
             b, a = _keep(hv[U(q + i * out_w)], hi[U(q + i * out_w)], b, a)
         dv[U(q)], di[U(q)] = b, a
-    for oh in range(out_h):
-        top, row = oh * sh - ph, oh * out_w
-        if top >= 0 and top + kh <= height:
-            for ow in range(out_w):
-                out[U(row + ow)], arg[U(row + ow)] = dv[U(top * out_w + ow)], \
-                    di[U(top * out_w + ow)]
-        else:
-            _down_clipped(hv, hi, out, arg, out_w, height, kh, top, row)
+    for p in range(planes):
+        start = p * height * out_w                 # the plane's first scratch row
+        for oh in range(out_h):
+            top, row = oh * sh - ph, (p * out_h + oh) * out_w
+            if top >= 0 and top + kh <= height:
+                at = start + top * out_w
+                for ow in range(out_w):
+                    out[U(row + ow)], arg[U(row + ow)] = dv[U(at + ow)], di[U(at + ow)]
+            else:
+                _down_clipped(hv, hi, out, arg, out_w, height, kh, top, row, start)
 
 
 @njit(inline="always")
-def _down_clipped(hv, hi, out, arg, out_w, height, kh, top, row):
-    """One output row whose window starts at row ``top`` and is clipped by the plane."""
+def _down_clipped(hv, hi, out, arg, out_w, height, kh, top, row, start):
+    """One output row whose window starts at row ``top`` of the plane whose scratch starts at
+    ``start``, and is clipped by the plane."""
     h_lo, h_hi = max(top, 0), min(top + kh, height)
-    first = h_lo * out_w
+    first = start + h_lo * out_w
     for ow in range(out_w):
         out[U(row + ow)], arg[U(row + ow)] = hv[U(first + ow)], hi[U(first + ow)]
     for h in range(h_lo + 1, h_hi):
-        at = h * out_w
+        at = start + h * out_w
         for ow in range(out_w):
             b, a = _keep(hv[U(at + ow)], hi[U(at + ow)], out[U(row + ow)], arg[U(row + ow)])
             out[U(row + ow)], arg[U(row + ow)] = b, a
 
 
+@njit(inline="always")
+def _within_planes(arg, planes, plane_out, plane_in):
+    """The positions found in a stack of planes made each plane's own (``argmax`` counts from
+    the plane's first element)."""
+    for p in range(1, planes):
+        shift = np.int32(p * plane_in)
+        for o in range(p * plane_out, (p + 1) * plane_out):
+            arg[U(o)] -= shift
+
+
+@njit(cache=True)
+def block_planes(height, width):
+    """Planes a block: as many as make ``BLOCK_ELEMENTS`` inputs, one at least."""
+    return max(1, BLOCK_ELEMENTS // (height * width))
+
+
 @njit(parallel=True, cache=True, nogil=True)
-def max_pool_forward_planes_cpu(x, y, argmax, geom):
-    """``pooling.max_pool_forward_cpu`` where ``applies`` (the module docstring)."""
+def max_pool_forward_planes_cpu(x, y, argmax, geom, per=0):
+    """``pooling.max_pool_forward_cpu`` where ``applies`` (the module docstring), ``per`` planes
+    a block (0: ``block_planes``'s)."""
     kh, kw, sh, sw, ph, pw = geom
     n_, c_, out_h, out_w = y.shape
     height, width = x.shape[2], x.shape[3]
-    planes = n_ * c_
-    xs, ys = x.reshape(planes, height * width), y.reshape(planes, out_h * out_w)
-    args = argmax.reshape(planes, out_h * out_w)
+    planes, plane_in, plane_out = n_ * c_, height * width, out_h * out_w
+    per = block_planes(height, width) if per == 0 else per
+    xs, ys, args = x.reshape(planes * plane_in), y.reshape(-1), argmax.reshape(-1)
     inner, outer = _interior(width, out_w, kw, sw, pw)
-    q0, q1 = inner, height * out_w - (out_w - outer)
-    chunks = min(planes, CHUNKS)
+    blocks = (planes + per - 1) // per
+    chunks = min(blocks, CHUNKS)
     same3 = kh == 3 and sh == 1 and ph == 1 and out_h == height
     for chunk in prange(chunks):
-        hv = np.empty(height * out_w, x.dtype)
-        hi = np.empty(height * out_w, np.int32)
-        dv = np.empty(0 if same3 else height * out_w, x.dtype)
-        di = np.empty(0 if same3 else height * out_w, np.int32)
-        halves = height * width // 2 if sw == 2 else 0
-        ev, od = np.empty(halves, x.dtype), np.empty(halves, x.dtype)
-        for p in range(chunk * planes // chunks, (chunk + 1) * planes // chunks):
-            src, out, arg = xs[p], ys[p], args[p]
+        hv = np.empty(per * height * out_w, x.dtype)
+        hi = np.empty(per * height * out_w, np.int32)
+        dv = np.empty(0 if same3 else per * height * out_w, x.dtype)
+        di = np.empty(0 if same3 else per * height * out_w, np.int32)
+        halves = per * plane_in // 2 if sw == 2 else 0
+        ev_all, od_all = np.empty(halves, x.dtype), np.empty(halves, x.dtype)
+        for block in range(chunk * blocks // chunks, (chunk + 1) * blocks // chunks):
+            p0 = block * per
+            k = min(per, planes - p0)
+            rows = k * height                      # the block's planes stacked: one tall plane
+            src = xs[p0 * plane_in:(p0 + k) * plane_in]
+            out, arg = ys[p0 * plane_out:(p0 + k) * plane_out], args[p0 * plane_out:
+                                                                     (p0 + k) * plane_out]
+            q0, q1 = inner, rows * out_w - (out_w - outer)
             if sw == 1 and kw == 3:
                 _across(src, hv, hi, q0, q1, pw, 1, 3)
             elif sw == 1:
                 _across(src, hv, hi, q0, q1, pw, 1, 2)
             else:     # constant taps and padding: each tap's half and shift known
+                ev, od = ev_all[:k * plane_in // 2], od_all[:k * plane_in // 2]
                 _split(src, ev, od)
                 if kw == 3 and pw == 0:
                     _across_halves(ev, od, hv, hi, q0, q1, 0, 3)
@@ -228,14 +266,15 @@ def max_pool_forward_planes_cpu(x, y, argmax, geom):
                 else:
                     _across_halves(ev, od, hv, hi, q0, q1, 1, 2)
             for ow in range(inner):
-                _clipped_column(src, hv, hi, height, width, out_w, ow, sw, pw, kw)
+                _clipped_column(src, hv, hi, rows, width, out_w, ow, sw, pw, kw)
             for ow in range(outer, out_w):
-                _clipped_column(src, hv, hi, height, width, out_w, ow, sw, pw, kw)
+                _clipped_column(src, hv, hi, rows, width, out_w, ow, sw, pw, kw)
             if same3:
-                _down_same3(hv, hi, out, arg, out_w, out_h)
+                _down_same3(hv, hi, out, arg, out_w, out_h, k)
             elif kh == 3:        # a constant window: the flattened loop's taps unrolled
-                _down(hv, hi, dv, di, out, arg, out_w, out_h, height, 3, sh, ph)
+                _down(hv, hi, dv, di, out, arg, out_w, out_h, height, 3, sh, ph, k)
             elif kh == 2:
-                _down(hv, hi, dv, di, out, arg, out_w, out_h, height, 2, sh, ph)
+                _down(hv, hi, dv, di, out, arg, out_w, out_h, height, 2, sh, ph, k)
             else:
-                _down(hv, hi, dv, di, out, arg, out_w, out_h, height, kh, sh, ph)
+                _down(hv, hi, dv, di, out, arg, out_w, out_h, height, kh, sh, ph, k)
+            _within_planes(arg, k, plane_out, plane_in)

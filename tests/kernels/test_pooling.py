@@ -236,11 +236,12 @@ def test_planes_kernel_is_the_per_output_kernel_bit_for_bit(h, w, k, s, p, ceil,
 @settings(max_examples=40, deadline=None)
 @given(h=st.integers(1, 12), out_w=st.integers(1, 9), kh=st.integers(1, 3), kw=st.sampled_from(
     [2, 3]), sh=st.integers(1, 2), sw=st.sampled_from([1, 2]), ph=st.integers(0, 1),
-    ceil=st.booleans(), seed=st.integers(0, 2**16))
-def test_planes_kernel_on_random_geometries(h, out_w, kh, kw, sh, sw, ph, ceil, seed):
+    ceil=st.booleans(), seed=st.integers(0, 2**16), per=st.sampled_from([0, 1, 2, 7]))
+def test_planes_kernel_on_random_geometries(h, out_w, kh, kw, sh, sw, ph, ceil, seed, per):
     """Any geometry the two passes take (the width made ``stride x out_w``, the horizontal
     padding one that gives ``out_w`` outputs), many planes (more than ``CHUNKS``, so chunks hold
-    several): the per-output kernel's results bit for bit."""
+    several), stacked ``per`` a block (0: ``block_planes``'s; 7 leaves a shorter last block): the
+    per-output kernel's results bit for bit."""
     w, ph = sw * out_w, min(ph, kh // 2)
     pads = [pw for pw in range(kw // 2 + 1) if w + 2 * pw >= kw
             and pl.pool_output_size(w, kw, sw, pw, ceil) == out_w]
@@ -251,9 +252,17 @@ def test_planes_kernel_on_random_geometries(h, out_w, kh, kw, sh, sw, ph, ceil, 
     x, geom, y, arg = case
     y_ref, arg_ref = np.empty_like(y), np.empty_like(arg)
     pl.max_pool_forward_cpu(x, y_ref, arg_ref, geom)
-    pl.pooling_planes.max_pool_forward_planes_cpu(x, y, arg, geom)
+    pl.pooling_planes.max_pool_forward_planes_cpu(x, y, arg, geom, per)
     np.testing.assert_array_equal(arg, arg_ref)
     np.testing.assert_array_equal(y, y_ref)
+
+
+def test_planes_stack_into_blocks_of_a_few_thousand_inputs():
+    """Small planes are stacked (one flattened loop over a 7x7 plane is mostly its scalar
+    remainder); a plane larger than a block is a block of its own."""
+    from minilms.kernels.pooling_planes import BLOCK_ELEMENTS, block_planes
+    assert block_planes(7, 7) == BLOCK_ELEMENTS // 49 > 1
+    assert block_planes(112, 112) == 1 and block_planes(1, 1) == BLOCK_ELEMENTS
 
 
 def test_planes_kernel_applies_to_the_zoos_pools_and_not_elsewhere():
