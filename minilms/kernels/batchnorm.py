@@ -106,13 +106,7 @@ def forward_train_cpu(x, gamma, beta, y, mean, invstd, running_mean, running_var
                 acc += d * d
         mu = x.dtype.type(mu64)
         inv = x.dtype.type(1.0 / math.sqrt(acc / m + eps))
-        g = gamma[c] * inv
-        for n in range(n_):
-            x_row, y_row = x[n, c], y[n, c]
-            for j in range(hw):
-                y_row[j] = (x_row[j] - mu) * g + beta[c]
-        if relu:
-            rectify_channel(y, c)
+        normalize_channel(x, y, c, mu, gamma[c] * inv, beta[c], relu)
         mean[c] = mu
         invstd[c] = inv
         running_mean[c] = (one - momentum) * running_mean[c] + momentum * mu
@@ -159,27 +153,27 @@ def normalize_cuda(x, gamma, beta, mean, invstd, y):
 
 
 @njit(inline="always", cache=True, nogil=True)
-def rectify_channel(y, c):
-    """``relu_forward`` on channel ``c`` of ``y [N, C, HW]``, in place: its branch, its bits."""
-    for n in range(y.shape[0]):
-        y_row = y[n, c]
-        for j in range(y.shape[2]):
-            if y_row[j] <= 0:
-                y_row[j] = 0
+def normalize_channel(x, y, c, mu, g, b, relu):
+    """``y = (x - mu) * g + b`` on channel ``c`` of ``x [N, C, HW]``, and with ``relu``
+    ``relu_forward``'s test on each value as it is written: one pass. ``g`` and ``b`` come in
+    as values: read from ``gamma`` and ``beta`` inside the loop they might alias ``y``, and LLVM
+    reloaded them every element instead of vectorising (a separate ReLU pass cost another)."""
+    for n in range(x.shape[0]):
+        x_row, y_row = x[n, c], y[n, c]
+        if relu:
+            for j in range(x.shape[2]):
+                v = (x_row[j] - mu) * g + b
+                y_row[j] = 0 if v <= 0 else v
+        else:
+            for j in range(x.shape[2]):
+                y_row[j] = (x_row[j] - mu) * g + b
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=SUMS)
 def normalize_cpu(x, gamma, beta, mean, invstd, y, relu):
     n_, c_, hw = x.shape
-    for c in prange(c_):
-        mu = mean[c]
-        g = gamma[c] * invstd[c]        # as forward_train_cpu's last loop, with its flags
-        for n in range(n_):
-            x_row, y_row = x[n, c], y[n, c]
-            for j in range(hw):
-                y_row[j] = (x_row[j] - mu) * g + beta[c]
-        if relu:
-            rectify_channel(y, c)
+    for c in prange(c_):          # as forward_train_cpu's last pass, with its flags
+        normalize_channel(x, y, c, mean[c], gamma[c] * invstd[c], beta[c], relu)
 
 
 def batchnorm_normalize(x, gamma, beta, mean, invstd, y, stream=None, relu=False):
@@ -218,9 +212,9 @@ def forward_inference_cpu(x, gamma, beta, running_mean, running_var, y, eps):
     for plane in prange(n_ * c_):
         n, c = plane // c_, plane % c_
         inv = x.dtype.type(1) / math.sqrt(running_var[c] + eps)
-        g = gamma[c] * inv
+        g, mu, b = gamma[c] * inv, running_mean[c], beta[c]     # values: see normalize_channel
         for j in range(hw):
-            y[n, c, j] = (x[n, c, j] - running_mean[c]) * g + beta[c]
+            y[n, c, j] = (x[n, c, j] - mu) * g + b
 
 
 @cuda_kernel(*signatures("void(X, V, V, V, V, X, X)"))
@@ -244,12 +238,12 @@ def relu_mask_cpu(x, gamma, beta, mean, invstd, dy, out):
     n_, c_, hw = x.shape
     zero = dy.dtype.type(0)
     for c in prange(c_):
-        mu = mean[c]
+        mu, b = mean[c], beta[c]
         g = gamma[c] * invstd[c]        # normalize_cpu's y, with its flags
         for n in range(n_):
             x_row, dy_row, out_row = x[n, c], dy[n, c], out[n, c]
             for j in range(hw):
-                if (x_row[j] - mu) * g + beta[c] <= 0:
+                if (x_row[j] - mu) * g + b <= 0:
                     out_row[j] = zero
                 else:
                     out_row[j] = dy_row[j]
@@ -321,12 +315,12 @@ def backward_relu_cpu(x, dy, gamma, beta, mean, invstd, dx, dgamma, dbeta):
     m = n_ * hw
     zero = dy.dtype.type(0)
     for c in prange(c_):
-        mu, inv = mean[c], invstd[c]
+        mu, inv, b = mean[c], invstd[c], beta[c]     # values: see normalize_channel
         gm = gamma[c] * inv
         for n in range(n_):
             x_row, dy_row, dx_row = x[n, c], dy[n, c], dx[n, c]
             for j in range(hw):
-                if (x_row[j] - mu) * gm + beta[c] <= 0:
+                if (x_row[j] - mu) * gm + b <= 0:
                     dx_row[j] = zero
                 else:
                     dx_row[j] = dy_row[j]
@@ -346,7 +340,7 @@ def backward_relu_cpu(x, dy, gamma, beta, mean, invstd, dx, dgamma, dbeta):
             x_row, dy_row, dx_row = x[n, c], dy[n, c], dx[n, c]
             for j in range(hw):
                 d = dy_row[j]
-                if (x_row[j] - mu) * gm + beta[c] <= 0:
+                if (x_row[j] - mu) * gm + b <= 0:
                     d = zero
                 dx_row[j] = g * d - slope * (x_row[j] - mu) - shift
         dgamma[c] = s_dy_xhat
