@@ -42,8 +42,9 @@ def add_channel_bias_cpu(y, bias):
     n_, c_, p_ = y.shape
     for plane in prange(n_ * c_):
         n, c = plane // c_, plane % c_
+        b = bias[c]         # a value: read in the loop it might alias y, and stops LLVM's vectors
         for p in range(p_):
-            y[n, c, p] += bias[c]
+            y[n, c, p] += b
 
 
 @cuda_kernel(*signatures("void(X, V, S)"), block=THREADS)
