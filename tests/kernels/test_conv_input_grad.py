@@ -100,3 +100,9 @@ def test_valid_taps_and_where_it_pays():
     assert not pays((2, 16, 128, 128), (32, 16, 3, 3), downsampling)  # two samples in 16 lanes
     assert not pays((32, 16, 32, 32), (32, 16, 1, 1), ((1, 1), (2, 2), (0, 0), (1, 1)))
     assert not pays((64, 16, 32, 32), (16, 16, 3, 3), ((3, 3), (1, 1), (1, 1), (1, 1)))
+    # on 8 lanes, a batch of 8 fills them: kernels above 3x3 from LANES_MIN_SIZE_8
+    googlenet = ((5, 5), (1, 1), (2, 2), (1, 1))
+    for lanes, wanted in ((8, True), (16, False)):
+        assert pays((8, 16, 14, 14), (48, 16, 5, 5), googlenet, lanes=lanes) == wanted  # 25k
+        assert not pays((8, 32, 7, 7), (128, 32, 5, 5), googlenet, lanes=lanes)         # 12.5k
+        assert not pays((32, 16, 8, 8), (32, 16, 3, 3), downsampling, lanes=lanes)      # 3x3

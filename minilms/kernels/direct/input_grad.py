@@ -41,6 +41,9 @@ __all__ = ["transposed_geometry", "DX_GEMM_WEIGHTS", "DX_GEMM_PLANE", "input_gra
            "conv_input_grad_direct", "valid_taps", "sample_lanes_pay", "conv_input_grad_lanes"]
 
 LANES_MIN_SIZE = 1 << 17    # elements of dx below which a GEMM is faster (sample_lanes_pay)
+# The same for kernels of more than 9 taps on a host of 8 lanes, where a batch of 8 fills every
+# lane: GoogLeNet's 14x14 5x5s (25k-50k elements) are faster so, its 7x7 ones (12k-19k) even.
+LANES_MIN_SIZE_8 = 20_000
 GEMM_CHANNELS = 128          # input channels from which the GEMM is faster (sample_lanes_pay)
 
 
@@ -205,12 +208,13 @@ def valid_taps(size: int, out_size: int, k: int, stride: int, pad: int, dilation
     return np.array(taps, np.int64).reshape(-1, 2), np.array(start, np.int64)
 
 
-def sample_lanes_pay(x_shape, weight_shape, geometry) -> bool:
+def sample_lanes_pay(x_shape, weight_shape, geometry, lanes: int = VL) -> bool:
     """Where samples in lanes beat the other input gradients (measured, ``bench_kernels.py`` and
     ResNet-18/4's layers; the figures in docs/benchmarks.md): strides above 1 and kernels above
     3x3, with 16 or more input channels, a batch that fills at least half of each vector and a
     ``dx`` of at least ``LANES_MIN_SIZE`` elements (below it, as in ResNet-18/4's 8x8
-    downsampling, two launches and a transpose cost more than the work), and fewer than
+    downsampling, two launches and a transpose cost more than the work; ``LANES_MIN_SIZE_8``
+    for kernels above 3x3 on a host of 8 ``lanes``), and fewer than
     ``GEMM_CHANNELS`` input channels (from there, full-size ResNets' downsampling layers, the
     GEMM ``weight^T @ dy`` has ``C * kh * kw`` rows and runs near BLAS's rate). Not 1x1
     kernels: their col is ``dy``-sized and col2im cheap."""
@@ -219,8 +223,9 @@ def sample_lanes_pay(x_shape, weight_shape, geometry) -> bool:
     taps = kernel_size[0] * kernel_size[1]
     lanes_used = samples / (-(-samples // SIZE_LANES) * SIZE_LANES)    # the same on every host
     size = int(np.prod(x_shape))
+    least = LANES_MIN_SIZE_8 if lanes == 8 and taps > 9 else LANES_MIN_SIZE
     return lanes_used >= 0.5 and 16 <= weight_shape[1] < GEMM_CHANNELS and taps > 1 and \
-        size >= LANES_MIN_SIZE and (stride != (1, 1) or taps > 9)
+        size >= least and (stride != (1, 1) or taps > 9)
 
 
 _KERNELS: dict = {}
