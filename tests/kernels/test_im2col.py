@@ -269,3 +269,27 @@ def test_cuda_batch_matches_cpu(name, dtype):
     d_grads = cuda.to_device(np.full(imgs.shape, 0.5, dtype))
     col2im_batch(cuda.to_device(y), d_grads, *geometry)
     np.testing.assert_allclose(d_grads.copy_to_host(), grads, rtol=1e-6, atol=1e-6)
+
+
+@given(height=st.integers(1, 9), width=st.integers(1, 12), kh=st.integers(1, 3),
+       kw=st.integers(1, 4), sh=st.integers(1, 3), sw=st.integers(1, 3), ph=st.integers(0, 3),
+       pw=st.integers(0, 3), dh=st.integers(1, 2), dw=st.integers(1, 2),
+       parallel=st.booleans(), side_by_side=st.booleans())
+def test_the_convolutions_batched_im2col_matches_naive_loops(height, width, kh, kw, sh, sw, ph,
+                                                             pw, dh, dw, parallel, side_by_side):
+    """``conv_cpu.im2col_batch``, serial and parallel, both layouts of its columns, on random
+    geometries: at a horizontal stride of 2 the columns inside a row are copied without a test
+    per element, the rest as at any other stride; every sample's columns are the definition's."""
+    from minilms.kernels.conv_cpu import _IM2COL, _layout
+    geometry = ((kh, kw), (sh, sw), (ph, pw), (dh, dw))
+    if height + 2 * ph < dh * (kh - 1) + 1 or width + 2 * pw < dw * (kw - 1) + 1:
+        return                      # no output: nothing to compare
+    imgs = random((3, 2, height, width), np.float32, seed=height * width)
+    rows, plane = col_shape((2, height, width), *geometry)
+    cols = np.full((3, rows, plane) if not side_by_side else (rows, 3 * plane), np.nan,
+                   np.float32)
+    _, col3, params = _layout(imgs, cols, *geometry)
+    _IM2COL[parallel][side_by_side](imgs, col3, *params)
+    for n, img in enumerate(imgs):
+        got = cols[:, n * plane:(n + 1) * plane] if side_by_side else cols[n]
+        np.testing.assert_array_equal(got, naive_im2col(img, *geometry))
