@@ -14,7 +14,7 @@ from minilms.device import make_device
 from minilms.errors import ConfigError, PlanError
 from minilms.fusion import first_that_plans, fusion_choice, fusions_for
 from minilms.lms import LmsExecutor, Policy, ResidentExecutor, cost, least_pool
-from minilms.lms.bounds import least_split_pool
+from minilms.lms.bounds import SUMMARY_PRECISION, least_split_pool
 from minilms.lms.substeps import split_schedule
 from minilms.net import Net
 from minilms.sizes import format_bytes
@@ -150,9 +150,12 @@ def test_with_lms_on_auto_fuses_the_adds_relus_where_the_pool_holds_that_nets_pl
             net, make_device("cpu", pool), solver(), policy), Policy(policy="auto"))
         assert net.fused == fused and executor.net is net
         assert_identical(train(executor, [inputs]), expected)
+    less_fused = build_net(config, fuse="auto")    # the figure is the summary's, to its precision
+    said = least_pool(less_fused, less_fused.schedule(("momentum",)),
+                      Policy(policy="auto", split="off"), SUMMARY_PRECISION)
     for pool, kept in ((least["all"], False), (least["auto"], True)):   # and minilms.plan says so
         out = report(load_config(path, [f"device.memory={pool}"]), summary=True)
-        assert f"least pool for LMS   {format_bytes(least['auto']):>12}" in out, out
+        assert f"least pool for LMS   {format_bytes(said):>12}" in out, out
         assert ("note: model.fuse auto: the ReLUs after the adds stay layers of their own" in
                 out) == kept, out
     unfused = build_net(config, fuse="auto")         # the least pool with steps split

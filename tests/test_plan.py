@@ -15,7 +15,14 @@ from minilms.device.link import parse_link
 from minilms.device.pool import ALIGNMENT
 from minilms.errors import ConfigError, PlanError
 from minilms.lms.auto import auto_plan
-from minilms.lms.bounds import least_pool, resident_bytes, working_set_bytes
+from minilms.lms.bounds import (
+    FIRST_STRIDE,
+    SUMMARY_PRECISION,
+    _search,
+    least_pool,
+    resident_bytes,
+    working_set_bytes,
+)
 from minilms.lms.check import check_plan
 from minilms.lms.cost import CostModel, simulate
 from minilms.lms.planner import (
@@ -336,6 +343,38 @@ def test_least_pool_is_the_largest_working_set_when_that_fits():
             assert least > largest
             continue
         assert least == largest
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 10**7), st.integers(0, 10**6), st.integers(1, 10**5))
+def test_the_search_finds_the_least_that_fits_to_its_precision(low, above, within):
+    """``bounds._search`` against a threshold it cannot see: what it returns fits, and what it
+    passed over does not, to ``within`` units (exactly, at 1); plans are tried a logarithmic
+    number of times, not once per unit."""
+    least = low + above
+    tried = []
+
+    def fits(units):
+        tried.append(units)
+        return units >= least
+    found = _search(fits, low, within)
+    assert least <= found < least + within
+    if within == 1:
+        assert found == least
+    assert len(tried) <= 2 * max(1, above, int(low * FIRST_STRIDE)).bit_length() + 3
+
+
+@pytest.mark.parametrize("name", sorted(NETS))
+def test_least_pool_to_a_precision_fits_and_is_near_the_exact_one(name):
+    """The summary's figure (``SUMMARY_PRECISION``) is a pool a plan fits in, at least the exact
+    least pool and above it by no more than the precision asks (of the largest working set, the
+    search's bound)."""
+    net, steps, least, _ = net_named(name)
+    near = least_pool(net, steps, Policy(), SUMMARY_PRECISION)
+    largest = max(working_set_bytes(net, s) for s in steps)
+    check_plan(make_plan(net, steps, near))
+    assert least <= near <= least + max(ALIGNMENT, int(largest * SUMMARY_PRECISION) // ALIGNMENT
+                                       * ALIGNMENT)
 
 
 def test_planning_time_per_step_does_not_grow_with_depth():

@@ -29,6 +29,7 @@ from ..device import parse_link
 from ..device.cpu import host_memory_info
 from ..errors import PlanError
 from ..lms.bounds import (
+    SUMMARY_PRECISION,
     least_pool,
     least_split_pool,
     resident_bytes,
@@ -138,7 +139,8 @@ def report(config, link=None, summary: bool = False, least_split: bool = False) 
     link = parse_link(link, "--link") if link is not None else parse_link(config.device.link)
     model = cost_model(config, link)
     policy = lms_policy(config)
-    least = least_pool(least_net, least_steps, replace(policy, split="off"))
+    least = least_pool(least_net, least_steps, replace(policy, split="off"),
+                       SUMMARY_PRECISION)
     splits = policy.enabled and policy.max_chunks != 1
     floor, floor_step = split_floor(least_net, least_steps, policy)
     searched = least_split_pool(least_net, least_steps, policy) if splits and least_split else \
@@ -180,7 +182,8 @@ def report(config, link=None, summary: bool = False, least_split: bool = False) 
     fits = "fits" if everything <= capacity else "does not fit"
     out += [f"LMS off needs        {format_bytes(everything):>12}  ({fits} in "
             f"{format_bytes(capacity)})",
-            f"least pool for LMS   {format_bytes(least):>12}  (largest working set "
+            f"least pool for LMS   {format_bytes(least):>12}  (within "
+            f"{SUMMARY_PRECISION:.1%}; largest working set "
             f"{format_bytes(max(working_set_bytes(least_net, s) for s in least_steps))})"]
     if splits:
         found = f"{format_bytes(searched):>12}  (searched; floor {format_bytes(floor)}, " \

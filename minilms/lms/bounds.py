@@ -21,13 +21,24 @@ def working_set_bytes(net: Net, step: Step) -> int:
     return sum(align_up(net.blobs[name].nbytes) for name in set(step.blobs))
 
 
-def least_pool(net: Net, steps: list[Step], policy: Policy = Policy()) -> int:
+# The first stride of the searches' gallop up from their bound, as a fraction of it: where the
+# bound does not fit, the answer was within a few percent above it (fragmentation, pinned blobs),
+# and strides from one alignment unit took twenty failing plans to get there
+FIRST_STRIDE = 1 / 256
+SUMMARY_PRECISION = 1 / 1024   # ``least_pool``'s, for a figure people read (``minilms.plan``)
+
+
+def least_pool(net: Net, steps: list[Step], policy: Policy = Policy(),
+               precision: float = 0.0) -> int:
     """The smallest pool (a multiple of the alignment) with which ``make_plan`` succeeds under
     ``policy``. No pool below the largest working set can hold that step, so that bound is tried
     first: it usually fits, and then it is the least pool, exactly. Where fragmentation (or
-    pinned blobs) needs more, the search gallops up from it (doubling the step) and bisects the
-    last gap: a few plans when the answer is near the bound, as it is, instead of a bisection
-    over the whole range up to LMS off's need."""
+    pinned blobs) needs more, the search gallops up from it (strides from ``FIRST_STRIDE`` of it,
+    doubling) and bisects the last gap: a few plans when the answer is near the bound, as it is,
+    instead of a bisection over the whole range up to LMS off's need. ``precision``: the
+    bisection stops once the pool it has that fits is within that fraction of the bound of one
+    that does not, and returns it (``SUMMARY_PRECISION``, a summary's figure, takes half the
+    plans an exact one does); 0, the default: exact, to the alignment."""
     policy = replace(policy, prefetch=0)    # prefetch only uses space that is there
     unit = Pool(1 << 20).alignment
     low = max(working_set_bytes(net, s) for s in steps) // unit
@@ -40,19 +51,26 @@ def least_pool(net: Net, steps: list[Step], policy: Policy = Policy()) -> int:
         except PlanError:
             return False
     with collector_paused():
-        if fits(low):
-            return low * unit
-        failed, gap = low, 1       # the largest size known not to fit, and the next stride
-        while not fits(failed + gap):
-            failed, gap = failed + gap, gap * 2
-        low, high = failed + 1, failed + gap
-        while low < high:
-            middle = (low + high) // 2
-            if fits(middle):
-                high = middle
-            else:
-                low = middle + 1
-        return high * unit
+        return _search(fits, low, max(1, int(low * precision))) * unit
+
+
+def _search(fits, low: int, within: int) -> int:
+    """The least of ``low``, ``low + 1``, ... (units) that ``fits``, to ``within`` units: tried
+    at ``low``, then galloping up (strides from ``FIRST_STRIDE`` of ``low``, doubling), then
+    bisecting the last stride until what fits is within ``within`` of what does not."""
+    if fits(low):
+        return low
+    failed, gap = low, max(within, int(low * FIRST_STRIDE), 1)   # known not to fit; next stride
+    while not fits(failed + gap):
+        failed, gap = failed + gap, gap * 2
+    high = failed + gap
+    while high - failed > within:
+        middle = (failed + high) // 2
+        if fits(middle):
+            high = middle
+        else:
+            failed = middle
+    return high
 
 
 def least_split_pool(net: Net, steps: list[Step], policy: Policy = Policy()) -> int:
@@ -75,20 +93,7 @@ def least_split_pool(net: Net, steps: list[Step], policy: Policy = Policy()) -> 
         except PlanError:
             return False
     with collector_paused():
-        low = split_floor(net, steps, policy)[0] // unit
-        if fits(low):
-            return low * unit
-        failed, gap = low, 1
-        while not fits(failed + gap):
-            failed, gap = failed + gap, gap * 2
-        low, high = failed + 1, failed + gap
-        while low < high:
-            middle = (low + high) // 2
-            if fits(middle):
-                high = middle
-            else:
-                low = middle + 1
-        return high * unit
+        return _search(fits, split_floor(net, steps, policy)[0] // unit, 1) * unit
 
 
 def split_floor(net: Net, steps: list[Step], policy: Policy = Policy()) -> tuple[int, Step]:
