@@ -71,11 +71,12 @@ def _keep(v, at, b, a):
 
 
 @njit(inline="always")
-def _across(src, hv, hi, q0, q1, pw, stride, kw):
-    """Scratch positions ``q0 .. q1`` of the flattened plane: the max of ``src[stride * q - pw +
-    j]`` for ``j < kw``, and where it is. Called with constant ``stride`` and ``kw``."""
+def _across(src, hv, hi, q0, q1, pw, kw):
+    """Scratch positions ``q0 .. q1`` of the flattened plane at stride 1: the max of ``src[q - pw
+    + j]`` for ``j < kw``, and where it is. Called with a constant ``kw`` (stride 2 reads the
+    plane's halves: ``_across_halves``)."""
     for q in range(q0, q1):
-        base = stride * q - pw
+        base = q - pw
         b, a = src[U(base)], np.int32(base)
         b, a = _keep(src[U(base + 1)], np.int32(base + 1), b, a)
         if kw == 3:
@@ -251,9 +252,9 @@ def max_pool_forward_planes_cpu(x, y, argmax, geom, per=0):
                                                                      (p0 + k) * plane_out]
             q0, q1 = inner, rows * out_w - (out_w - outer)
             if sw == 1 and kw == 3:
-                _across(src, hv, hi, q0, q1, pw, 1, 3)
+                _across(src, hv, hi, q0, q1, pw, 3)
             elif sw == 1:
-                _across(src, hv, hi, q0, q1, pw, 1, 2)
+                _across(src, hv, hi, q0, q1, pw, 2)
             else:     # constant taps and padding: each tap's half and shift known
                 ev, od = ev_all[:k * plane_in // 2], od_all[:k * plane_in // 2]
                 _split(src, ev, od)
