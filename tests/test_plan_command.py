@@ -167,8 +167,8 @@ def test_steps_split_where_they_do_not_fit(capsys):
     assert note and re.search(r"(forward|backward) \w+ in \d+", note[0])
     header = [line for line in out.splitlines() if line.startswith("layer ")]
     assert header and header[0].split()[-1] == "split"
-    searched = re.search(r"least pool, split +([\d.]+) MiB +\(searched; floor ([\d.]+) MiB, set "
-                         r"by one chunk of (forward|backward) \w+", out)
+    searched = re.search(r"least pool, split +([\d.]+) MiB +\(searched, within 0\.1%; floor "
+                         r"([\d.]+) MiB, set by one chunk of (forward|backward) \w+", out)
     assert searched and float(searched.group(1)) >= float(searched.group(2))
     assert float(searched.group(1)) <= 6
     code, out, _ = plan(capsys, config, "device.memory=6MiB", "lms.split=off")

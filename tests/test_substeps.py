@@ -12,9 +12,15 @@ from hypothesis import strategies as st
 from minilms import zoo
 from minilms.config import load_config
 from minilms.device import make_device
+from minilms.device.pool import ALIGNMENT
 from minilms.errors import ConfigError, PlanError
 from minilms.lms import LmsExecutor, Policy, cost, least_pool
-from minilms.lms.bounds import least_split_pool, working_set_bytes
+from minilms.lms.bounds import (
+    SUMMARY_PRECISION,
+    least_split_pool,
+    split_floor,
+    working_set_bytes,
+)
 from minilms.lms.check import check_plan
 from minilms.lms.executor import ResidentExecutor
 from minilms.lms.planner import make_plan
@@ -134,6 +140,19 @@ def test_least_pool_falls_below_the_largest_working_set():
         with pytest.raises(PlanError):
             make_plan(net, steps, split, Policy())
 
+
+
+def test_least_split_pool_to_a_precision_fits_and_is_near_the_exact_one():
+    """The plan command's searched pool with steps split (``SUMMARY_PRECISION``) is one that
+    splitting fits, at least the exact least and above it by no more than the precision asks
+    (of the floor, the search's bound)."""
+    for name in ("dag", "resnet18/16"):
+        net, steps = NETS[name](8)
+        exact = least_split_pool(net, steps)
+        near = least_split_pool(net, steps, Policy(), SUMMARY_PRECISION)
+        floor = split_floor(net, steps, Policy(split="auto"))[0]
+        assert exact <= near <= exact + max(ALIGNMENT, int(floor * SUMMARY_PRECISION)), name
+        check_plan(cost.plan_for(net, steps, near, Policy()))
 
 def assert_close(got, expected, losses=1e-5):
     """Losses within ``losses`` relative, and every parameter and optimizer state within 1e-4

@@ -143,8 +143,8 @@ def report(config, link=None, summary: bool = False, least_split: bool = False) 
                        SUMMARY_PRECISION)
     splits = policy.enabled and policy.max_chunks != 1
     floor, floor_step = split_floor(least_net, least_steps, policy)
-    searched = least_split_pool(least_net, least_steps, policy) if splits and least_split else \
-        None
+    searched = least_split_pool(least_net, least_steps, policy, SUMMARY_PRECISION) \
+        if splits and least_split else None
     try:
         net, plan = planned_net(config, lambda net, tried: plan_for(
             net, net.schedule(states), capacity, tried, model), policy, built=least_net)
@@ -186,9 +186,11 @@ def report(config, link=None, summary: bool = False, least_split: bool = False) 
             f"{SUMMARY_PRECISION:.1%}; largest working set "
             f"{format_bytes(max(working_set_bytes(least_net, s) for s in least_steps))})"]
     if splits:
-        found = f"{format_bytes(searched):>12}  (searched; floor {format_bytes(floor)}, " \
-            if searched else f"{'>= ' + format_bytes(floor):>12}  (a floor: --least-split " \
-            "searches; "
+        if searched:
+            found = f"{format_bytes(searched):>12}  (searched, within {SUMMARY_PRECISION:.1%}; " \
+                f"floor {format_bytes(floor)}, "
+        else:
+            found = f"{'>= ' + format_bytes(floor):>12}  (a floor: --least-split searches; "
         out.append(f"least pool, split    {found}set by one chunk of {floor_step.name}; "
                    f"lms.split {policy.split})")
     out += [f"this plan's peak     {format_bytes(plan.peak):>12}  (pinned "
