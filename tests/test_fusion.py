@@ -150,15 +150,15 @@ def test_with_lms_on_auto_fuses_the_adds_relus_where_the_pool_holds_that_nets_pl
             net, make_device("cpu", pool), solver(), policy), Policy(policy="auto"))
         assert net.fused == fused and executor.net is net
         assert_identical(train(executor, [inputs]), expected)
-    less_fused = build_net(config, fuse="auto")    # the figure is the summary's, to its precision
-    said = least_pool(less_fused, less_fused.schedule(("momentum",)),
+    unfused = build_net(config, fuse="auto")   # the adds' ReLUs unfused: what the summary plans
+    said = least_pool(unfused, unfused.schedule(("momentum",)),     # to the summary's precision
                       Policy(policy="auto", split="off"), SUMMARY_PRECISION)
     for pool, kept in ((least["all"], False), (least["auto"], True)):   # and minilms.plan says so
         out = report(load_config(path, [f"device.memory={pool}"]), summary=True)
         assert f"least pool for LMS   {format_bytes(said):>12}" in out, out
         assert ("note: model.fuse auto: the ReLUs after the adds stay layers of their own" in
                 out) == kept, out
-    unfused = build_net(config, fuse="auto")         # the least pool with steps split
+    # the least pool with steps split
     floor = least_split_pool(unfused, unfused.schedule(("momentum",)), Policy(policy="auto"))
     assert floor < least["auto"]
     with pytest.raises(PlanError):
