@@ -4,7 +4,9 @@ A solver names its per-parameter state (``state_names``); the net declares one b
 and name, and the update step hands them over. ``begin_iteration`` is called once per iteration
 before any update (Adam's step count, learning-rate schedules).
 """
-from .kernels.optimizers import adam_step, sgd_step
+from .kernels import families
+
+(optimizers,) = families("optimizers")   # numba's: imported at the first update
 
 
 class SGD:
@@ -20,9 +22,9 @@ class SGD:
         pass
 
     def update(self, param, grad, states, stream=None) -> None:
-        sgd_step(param, grad, self.lr, momentum_buf=states[0] if states else None,
-                 momentum=self.momentum, weight_decay=self.weight_decay, nesterov=self.nesterov,
-                 stream=stream)
+        optimizers.sgd_step(param, grad, self.lr, momentum_buf=states[0] if states else None,
+                            momentum=self.momentum, weight_decay=self.weight_decay,
+                            nesterov=self.nesterov, stream=stream)
 
 
 class Adam:
@@ -38,5 +40,6 @@ class Adam:
         self.step = iteration + 1
 
     def update(self, param, grad, states, stream=None) -> None:
-        adam_step(param, grad, states[0], states[1], self.step, lr=self.lr, beta1=self.betas[0],
-                  beta2=self.betas[1], eps=self.eps, weight_decay=self.weight_decay, stream=stream)
+        optimizers.adam_step(param, grad, states[0], states[1], self.step, lr=self.lr,
+                             beta1=self.betas[0], beta2=self.betas[1], eps=self.eps,
+                             weight_decay=self.weight_decay, stream=stream)

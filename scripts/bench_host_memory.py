@@ -7,10 +7,10 @@ Trains ResNet-``depth`` (``zoo.resnet``, 1000 classes) on one random batch on th
 twice: LMS ``policy: auto`` in a ``--pool`` pool, and LMS off in the pool it needs (every blob
 resident). Each run is a process of its own (``--child``), so that none inherits another's freed
 memory or compiled kernels. In it, the **baseline** is the resident memory right after the
-imports (Python, numpy, Numba, minilms), before the batch, the net, the device or the executor
-exist; the **peak** is the process's high-water mark (``VmHWM``, reset to the baseline through
-``/proc/self/clear_refs``; without that, the peak since the process began) after ``--iters``
-iterations; the **growth** is peak minus baseline. The plan's **figure** is
+imports (Python, numpy, minilms; numba comes with the first kernel), before the batch, the net,
+the device or the executor exist; the **peak** is the process's high-water mark (``VmHWM``, reset
+to the baseline through ``/proc/self/clear_refs``; without that, the peak since the process began)
+after ``--iters`` iterations; the **growth** is peak minus baseline. The plan's **figure** is
 ``LmsExecutor.host_memory(batches=1)``: the homes of the blobs the plan needs on the host, the
 pool (on ``cpu`` it is host RAM), the one batch the script holds, and the **kernels**, the run's
 one-time cost in the process (Numba's JIT started, the kernels loaded; ``minilms.lms.host``). The
@@ -182,7 +182,7 @@ def report(args, results: list[dict], where: str, warmed: bool) -> None:
           f"{f' at 1/{args.width} width' if args.width != 1 else ''}, "
           f"{args.image_size}x{args.image_size}, batch {args.batch}, SGD with momentum, cpu "
           f"device, {args.iters} iterations; {where}")
-    print(f"process baseline (resident after the imports: Python, numpy, Numba, minilms): "
+    print(f"process baseline (resident after the imports: Python, numpy, minilms): "
           f"{mib(first['baseline'])} MiB\n")
     print(f"{'run':<9} {'pool':>8} {'figure':>8} {'kernels':>8} {'built':>8} {'1st iter':>8} "
           f"{'peak':>8} {'ratio':>7} {'kept':>7} {'ratio':>7}  homes")

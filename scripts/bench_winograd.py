@@ -44,8 +44,8 @@ def tiles_of(m):
     """Winograd's calls inside take F(m, 3), whatever the plane."""
     from bench_windows import patched
 
-    from minilms.kernels.direct import winograd
-    return patched(winograd, "tile_size", lambda *args: m)
+    from minilms.kernels.direct.rules import winograd
+    return patched(winograd, "tile_size", lambda *args: m)    # where the layouts read it
 
 
 def paths(x, weight, dy, pad):
@@ -151,7 +151,7 @@ def time_groups(shapes, rounds):
         ways, _ = paths(x, weight, dy, pad)
         for m in (2, 4):
             with tiles_of(m):
-                group = winograd._layouts(x_shape, w_shape, pad)[0].group
+                group = winograd.layouts_of(x_shape, w_shape, pad)[0].group
             if group == 1:
                 continue
             for index, label in ((0, "forward"), (1, "backward")):

@@ -3,6 +3,7 @@
 holds, and a failed piece is reported as a failed copy, with nothing left hanging."""
 import threading
 
+import numba
 import numpy as np
 import pytest
 
@@ -144,7 +145,7 @@ def test_copy_threads_where_a_core_is_free_or_a_link_must_overlap(monkeypatch, c
     it: its copy has landed when ``h2d`` returns where copies run where issued."""
     monkeypatch.setattr(cpu_streams, "COPY_THREADS", None)
     monkeypatch.setattr(cpu_streams.os, "cpu_count", lambda: cores)
-    monkeypatch.setattr(cpu_streams.numba, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(numba, "get_num_threads", lambda: threads)   # asked at the call
     assert cpu_streams.copy_threads(linked) == on_threads
     for forced in (True, False):
         monkeypatch.setattr(cpu_streams, "COPY_THREADS", forced)

@@ -235,7 +235,7 @@ def host_lines(plan: Plan, kind: str, prefetch: int) -> list[str]:
     resident = process_resident()
     if resident is not None:
         lines.append(f"  + the process      {format_bytes(resident):>12}  (resident in this one "
-                     "now: Python, numpy, Numba, minilms, the net)")
+                     "now: Python, numpy, minilms, the net)")
     available, _ = host_memory_info()
     if host.total + (resident or 0) > available:
         lines.append(f"note: the host needs more than the {format_bytes(available)} this machine "

@@ -22,8 +22,10 @@ KINDS = ("auto", "cpu", "cuda")
 
 
 def real_gpu_available() -> bool:
+    if not driver_present():    # first: without a driver, numba need not be imported at all
+        return False
     import numba
-    if numba.config.ENABLE_CUDASIM or not driver_present():
+    if numba.config.ENABLE_CUDASIM:
         return False
     from numba import cuda
     return cuda.is_available()

@@ -17,9 +17,8 @@ import numpy as np
 
 from .. import events
 from ..sizes import format_bytes
-from . import streaming
 from .base import Device
-from .cpu_streams import CpuEvent, CpuStream, SplitCopy, splits
+from .cpu_streams import CpuEvent, CpuStream, SplitCopy, splits, streaming
 from .link import Link
 
 

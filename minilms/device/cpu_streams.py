@@ -31,11 +31,12 @@ import collections
 import os
 import threading
 
-import numba
 import numpy as np
 
 from .. import events
-from . import streaming
+from ..lazy import LazyModule
+
+streaming = LazyModule("minilms.device.streaming")    # numba's: at the first copy
 
 __all__ = ["COPY_THREADS", "HELP_WHILE_WAITING", "SPLIT", "CpuStream", "CpuEvent", "SplitCopy",
            "copy_threads", "splits"]
@@ -58,6 +59,7 @@ def copy_threads(linked: bool = False) -> bool:
 
 
 def _core_free_or(linked: bool) -> bool:
+    import numba  # here, not at import: planning never asks, nor needs numba
     return linked or (os.cpu_count() or 1) > numba.get_num_threads()
 
 

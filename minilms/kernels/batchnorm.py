@@ -61,7 +61,8 @@ from .elementwise import relu_forward
 from .registry import cuda_kernel, on_cpu
 
 __all__ = ["batchnorm_forward_train", "batchnorm_normalize", "batchnorm_forward_inference",
-           "batchnorm_relu_mask", "batchnorm_backward", "batchnorm_input_grad", "THREADS", "SUMS",
+           "batchnorm_relu_mask", "batchnorm_backward", "batchnorm_param_grads",
+           "batchnorm_input_grad", "THREADS", "SUMS",
            "signatures", "nchw", "channel_views", "stats_shape", "cuda_stats"]
 
 # The CPU sums run in float64 with reassociation allowed, so LLVM splits them over vector lanes
@@ -372,6 +373,34 @@ def batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, stream=Non
     cuda_grad_sums(x3, dy3, 0, mean, invstd, stats, stream)
     cuda_param_grads(stats, dgamma, dbeta, stream)
     batchnorm_input_grad(x, dy, gamma, mean, invstd, dgamma, dbeta, x3.size // c, dx, stream)
+
+
+@njit(parallel=True, cache=True)
+def param_grads_cpu(x, dy, mean, invstd, dgamma, dbeta):
+    n_, c_, hw = x.shape
+    for c in prange(c_):
+        mu, inv = mean[c], invstd[c]
+        s_dy = 0.0
+        s_dy_xhat = 0.0
+        for n in range(n_):
+            for j in range(hw):
+                s_dy += dy[n, c, j]
+                s_dy_xhat += dy[n, c, j] * ((x[n, c, j] - mu) * inv)
+        dgamma[c] = s_dy_xhat
+        dbeta[c] = s_dy
+
+
+def batchnorm_param_grads(x, dy, mean, invstd, dgamma, dbeta, stream=None, stats=None) -> None:
+    """Parameter gradients alone, for a backward that needs no dx (a BatchNorm fed by the data:
+    ``batchnorm_backward`` always writes dx, and a dx scratch would be batch-proportional):
+    ``dgamma = sum(dy * xhat)``, ``dbeta = sum(dy)`` per channel (overwritten); on CUDA
+    backward's own two stages (``batchnorm_sums``) through ``stats``."""
+    mean, invstd, dgamma, dbeta = channel_views(x.shape[1], mean, invstd, dgamma, dbeta)
+    if on_cpu(x):
+        param_grads_cpu(nchw(x), nchw(dy), mean, invstd, dgamma, dbeta)
+        return
+    cuda_grad_sums(nchw(x), nchw(dy), 0, mean, invstd, cuda_stats(stats, x), stream)
+    cuda_param_grads(stats, dgamma, dbeta, stream)
 
 
 @cuda_kernel(*signatures("void(X, X, V, V, V, V, V, int64, X)"))

@@ -24,15 +24,11 @@ from .batchnorm import SUMS, batchnorm_input_grad, channel_views, cuda_stats, nc
 from .batchnorm_sums import cuda_grad_sums, cuda_invstd, cuda_mean, cuda_param_grads, cuda_sums
 from .common import view
 from .registry import on_cpu
+from .shapes import cpu_stats_shape
 
 __all__ = ["cpu_stats_shape", "batchnorm_split_sums", "batchnorm_split_mean",
            "batchnorm_split_invstd", "batchnorm_split_grad_sums", "batchnorm_split_param_grads",
            "batchnorm_split_input_grad"]
-
-
-def cpu_stats_shape(channels: int) -> tuple:
-    """The float64 carry of a split step's sums on the ``cpu`` device: two per channel."""
-    return (2, channels, 1)
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=SUMS)
@@ -125,7 +121,7 @@ def split_grad_sums_cpu(x, dy, n0, stats):
 
 @njit(parallel=True, cache=True)
 def split_param_sums_cpu(x, dy, n0, mean, invstd, stats):
-    """``layers.batch_norm.param_grads_cpu``'s sums (a backward without ``dx``): ``sum(dy)`` and
+    """``batchnorm.param_grads_cpu``'s sums (a backward without ``dx``): ``sum(dy)`` and
     ``sum(dy * xhat)``, in order, no reassociation."""
     n_, c_, hw = x.shape
     for c in prange(c_):

@@ -31,13 +31,13 @@ from numba import float64
 from ..lazy_cuda import cuda
 from .common import block_sum, launch, view, warp_sums
 from .registry import cuda_kernel
+from .shapes import PIECE, pieces, stats_shape
 
 __all__ = ["THREADS", "PIECE", "pieces", "stats_shape", "signatures", "nchw", "channel_views",
            "cuda_sums", "cuda_grad_sums", "cuda_mean", "cuda_invstd", "cuda_param_grads"]
 
 THREADS = 256        # a block: 8 warps, 8 pieces at a time in stage 1; one channel in stage 2
 WARPS = THREADS // 32
-PIECE = 2048         # values of a row one warp adds: 64 a lane
 MAX_BLOCKS = 32768   # stage 1's grid, at most (a grid-stride loop covers the rest)
 
 _A = (("float32[:, :, ::1]", "float32[::1]", "float32"),
@@ -63,16 +63,6 @@ def channel_views(c, *arrays):
         if a.size != c:
             raise ValueError(f"per-channel array of shape {a.shape} for {c} channels")
     return [view(a, c) for a in arrays]
-
-
-def pieces(hw: int) -> int:
-    """``P``: the pieces a row of ``hw`` values is cut into (at least one)."""
-    return max(1, -(-hw // PIECE))
-
-
-def stats_shape(channels: int, samples: int, hw: int) -> tuple:
-    """The float64 ``stats`` of a batch of ``samples`` with ``hw`` values a row."""
-    return (2, channels, samples * pieces(hw) + 1)
 
 
 # -- stage 1: one warp a piece -----------------------------------------------------------------

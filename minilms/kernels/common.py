@@ -10,15 +10,12 @@ import weakref
 from collections import Counter
 from contextlib import contextmanager
 
-import numba
-
 from ..lazy_cuda import Deferred, cuda, load
 from .registry import THREADS_1D, on_cpu
 
 __all__ = ["grid_1d", "grid_planes", "launch", "launcher", "counting_launches", "view", "span",
            "derived", "flat", "block_sum", "warp_sums", "block_max"]
 
-SIMULATED = bool(numba.config.ENABLE_CUDASIM)
 _LAUNCHER: list = []    # [prepared_launch, or None for numba's own], found at the first launch
 
 
@@ -28,9 +25,10 @@ def launcher():
     imported and every declared kernel's globals bound (``minilms.lazy_cuda``): a run on the cpu
     device never needs it."""
     if not _LAUNCHER:
+        import numba
         load()
         found = None
-        if not SIMULATED:
+        if not numba.config.ENABLE_CUDASIM:     # the simulator: numba's own dispatch
             try:
                 from .prepared_launch import prepared_launch as found
             except ImportError:     # numba without numba-cuda (no `cuda` extra)

@@ -34,6 +34,7 @@ from numba import njit, prange
 from ..lazy_cuda import cuda
 from .common import grid_1d, launch
 from .registry import cpu_variant, cuda_kernel, on_cpu, shared
+from .shapes import conv_out_size
 
 __all__ = ["im2col", "col2im", "im2col_batch", "col2im_batch", "conv_out_size", "col_shape",
            "out_shape"]
@@ -44,12 +45,6 @@ def _pair(value, name):
     if len(pair) != 2 or any(int(v) != v for v in pair):
         raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
     return int(pair[0]), int(pair[1])
-
-
-def conv_out_size(size, kernel, stride=1, padding=0, dilation=1) -> int:
-    """Output extent along one axis:
-    ``(size + 2 padding - dilation (kernel - 1) - 1) // stride + 1``."""
-    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
 def col_shape(img_shape, kernel_size, stride=1, padding=0, dilation=1,

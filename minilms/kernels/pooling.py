@@ -37,25 +37,12 @@ from .common import block_sum, grid_1d, launch, view
 from .pooling_planes import max_pool_forward_planes_cpu
 from .pooling_rows import max_pool_forward_rows_cpu, max_pool_forward_stride2_cpu, stride2_rows_pay
 from .registry import cpu_variant, cuda_kernel, on_cpu, shared
+from .shapes import pool_output_size
 
 __all__ = ["pool_output_size", "max_pool_forward", "max_pool_backward", "avg_pool_forward",
            "avg_pool_backward", "global_avg_pool_forward", "global_avg_pool_backward"]
 
 GLOBAL_THREADS = 128   # global average pooling: one block per (n, c) plane
-
-
-def pool_output_size(size: int, kernel: int, stride: int, pad: int, ceil_mode=False) -> int:
-    """Output length of one spatial axis (see the module docstring)."""
-    if kernel < 1 or stride < 1 or pad < 0 or pad > kernel // 2:
-        raise ValueError(f"bad pooling kernel={kernel} stride={stride} pad={pad} "
-                         "(need kernel, stride >= 1 and 0 <= pad <= kernel // 2)")
-    span = size + 2 * pad - kernel
-    if span < 0:
-        raise ValueError(f"pooling kernel {kernel} larger than padded input {size + 2 * pad}")
-    out = (span + (stride - 1 if ceil_mode else 0)) // stride + 1
-    if ceil_mode and (out - 1) * stride >= size + pad:
-        out -= 1
-    return out
 
 
 # The index math, written once for both targets. ``geom`` is (kh, kw, sh, sw, ph, pw).

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from numba import njit
 
 from ..lazy_cuda import cuda
 
@@ -79,6 +78,7 @@ class _SharedFunction:
     (``.cuda``)."""
 
     def __init__(self, fn):
+        from numba import njit  # a family's, when it is imported: not a layer's (lazy.py)
         self.py_func = fn
         self.cpu = njit(inline="always", cache=False)(fn)
         self.cuda = cuda.jit(device=True, inline="always")(fn)
@@ -105,6 +105,8 @@ def cpu_variant(fn, variant: str, parallel: bool, **options):
     different constants) would load each other's machine code from it. Renamed, each variant is
     cached apart, and a warm start compiles nothing. ``options`` go to ``njit`` (``fastmath``)."""
     import types
+
+    from numba import njit
     copy = types.FunctionType(fn.__code__, fn.__globals__, f"{fn.__name__}_{variant}",
                               fn.__defaults__, fn.__closure__)
     copy.__qualname__ = f"{fn.__qualname__}_{variant}".replace("<locals>.", "")

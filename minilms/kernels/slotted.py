@@ -23,41 +23,10 @@ column. A sample's outputs are the same whatever the chunk::
 from numba import njit, prange
 
 from .blas_threads import matmul
+from .shapes import ALIGN, MIN_PLANE, MIN_WEIGHT, SHORT_PLANE, SLOT_COLUMNS, count, width
 
 __all__ = ["SHORT_PLANE", "MIN_PLANE", "MIN_WEIGHT", "SLOT_COLUMNS", "ALIGN", "count", "width",
            "clear_unused", "product", "side_by_side", "from_side_by_side"]
-
-# Planes below SHORT_PLANE go into slots, enough of them for about SLOT_COLUMNS columns (8 on a
-# 7x7 plane). What slots save is reading the weight once per sample, so a weight below
-# MIN_WEIGHT elements (2 MiB, a core's L2 on the machines measured) stays per sample, as do
-# planes below MIN_PLANE pixels (rounding the width up to ALIGN columns would be most of the
-# product); both keep small nets' products, and workspaces, as they were. The measurements behind
-# each bound: docs/benchmarks.md, session 37 and "Why the code chose".
-SHORT_PLANE = 128
-MIN_PLANE = 16
-MIN_WEIGHT = 2**19
-SLOT_COLUMNS = 384
-ALIGN = 16
-
-
-def count(plane: int, batch: int, chunk: int, weight: int) -> int:
-    """Samples per product for a layer of ``batch`` samples whose workspace holds ``chunk``
-    samples' columns, with a ``weight`` of that many elements (``[O, K]``): 1 (a product per
-    sample) on planes of ``SHORT_PLANE`` and more, or of fewer than ``MIN_PLANE``, or with a
-    weight below ``MIN_WEIGHT``; otherwise enough for about ``SLOT_COLUMNS`` columns, at most
-    ``chunk``, evened out over the batch (10 samples take two products of 5, not 8 and 2 with 6
-    slots empty)."""
-    if not MIN_PLANE <= plane < SHORT_PLANE or weight < MIN_WEIGHT or chunk < 2 or batch < 2:
-        return 1
-    want = min(chunk, batch, -(-SLOT_COLUMNS // plane))
-    products = -(-batch // want)
-    return -(-batch // products)
-
-
-def width(slots: int, plane: int) -> int:
-    """The columns of a product over ``slots`` samples' planes: rounded up to ``ALIGN``."""
-    return -(-slots * plane // ALIGN) * ALIGN
-
 
 def clear_unused(columns, filled: int, plane: int) -> None:
     """Zero the columns of ``columns [K, width]`` past the first ``filled`` slots."""

@@ -14,14 +14,16 @@ import numbers
 
 import numpy as np
 
-from ..kernels import on_cpu
+from ..kernels import families, on_cpu
 from ..kernels.common import launch, view
 from ..kernels.registry import cuda_kernel
-from ..kernels.softmax import accuracy
 from ..lazy_cuda import cuda
 from .base import BufferSpec, Layer, ShapeError, register
 from .recompute import Recompute
 from .split import ACCUMULATE, ONCE, Pass, Phase, SplitRule
+
+# numba's: imported with the first kernel that runs (``kernels.families``)
+(softmax,) = families("softmax")
 
 
 @cuda_kernel("void(int32[::1], int64, float32[::1])", "void(int32[::1], int64, float64[::1])",
@@ -70,7 +72,7 @@ class Accuracy(Layer):
         if labels.dtype != np.int32:
             raise ShapeError(self, f"bottom 1 ({self.bottom[1]})", "int32 labels", labels.dtype)
         n, k = labels.shape[0], self.bottom_shapes[0][1]
-        accuracy(view(logits, n, k), labels, io.work["count"], self.top_k, io.stream)
+        softmax.accuracy(view(logits, n, k), labels, io.work["count"], self.top_k, io.stream)
 
     def rate(self, io):
         """``top = count / N``, N the whole batch's."""

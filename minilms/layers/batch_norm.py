@@ -41,63 +41,14 @@ the batch carries its sums from chunk to chunk in a split workspace ``stats``: `
 import numbers
 
 import numpy as np
-from numba import njit, prange
 
-from ..kernels.batchnorm import (
-    batchnorm_backward,
-    batchnorm_forward_inference,
-    batchnorm_forward_train,
-    batchnorm_normalize,
-    batchnorm_relu_mask,
-    cuda_stats,
-    nchw,
-    stats_shape,
-)
-from ..kernels.batchnorm_split import (
-    batchnorm_split_grad_sums,
-    batchnorm_split_input_grad,
-    batchnorm_split_invstd,
-    batchnorm_split_mean,
-    batchnorm_split_param_grads,
-    batchnorm_split_sums,
-    cpu_stats_shape,
-)
-from ..kernels.batchnorm_sums import cuda_grad_sums, cuda_param_grads
-from ..kernels.common import view
-from ..kernels.elementwise import fill
-from ..kernels.registry import on_cpu
+from ..kernels import families, shapes
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
 from .recompute import Recompute
 from .split import ONCE, STATISTICS, Pass, Phase, SplitRule, samples
 
-# Parameter gradients alone, for a backward that needs no dx (a BatchNorm fed by the data): the
-# kernels module's backward always writes dx, and a dx scratch would be batch-proportional.
-
-@njit(parallel=True, cache=True)
-def param_grads_cpu(x, dy, mean, invstd, dgamma, dbeta):
-    n_, c_, hw = x.shape
-    for c in prange(c_):
-        mu, inv = mean[c], invstd[c]
-        s_dy = 0.0
-        s_dy_xhat = 0.0
-        for n in range(n_):
-            for j in range(hw):
-                s_dy += dy[n, c, j]
-                s_dy_xhat += dy[n, c, j] * ((x[n, c, j] - mu) * inv)
-        dgamma[c] = s_dy_xhat
-        dbeta[c] = s_dy
-
-
-def batchnorm_param_grads(x, dy, mean, invstd, dgamma, dbeta, stream=None, stats=None) -> None:
-    """``dgamma = sum(dy * xhat)``, ``dbeta = sum(dy)`` per channel (overwritten), no ``dx``; on
-    CUDA backward's own two stages (``kernels.batchnorm_sums``) through ``stats``."""
-    c = x.shape[1]
-    views = [view(a, c) for a in (mean, invstd, dgamma, dbeta)]
-    if on_cpu(x):
-        param_grads_cpu(nchw(x), nchw(dy), *views)
-        return
-    cuda_grad_sums(nchw(x), nchw(dy), 0, *views[:2], cuda_stats(stats, x), stream)
-    cuda_param_grads(stats, *views[2:], stream)
+# numba's: imported with the first kernel that runs (``kernels.families``)
+batchnorm, batchnorm_split, elementwise = families("batchnorm", "batchnorm_split", "elementwise")
 
 
 @register
@@ -178,12 +129,13 @@ class BatchNorm(Layer):
         if phase == "inference":
             return []
         if self.device_kind == "cpu":
-            return [BufferSpec("stats", cpu_stats_shape(self.channels), np.dtype(np.float64))]
+            return [BufferSpec("stats", shapes.cpu_stats_shape(self.channels),
+                               np.dtype(np.float64))]
         return [self._stats()]
 
     def _stats(self) -> BufferSpec:
         n = self.bottom_shapes[0][0]
-        return BufferSpec("stats", stats_shape(self.channels, n, self._values() // n),
+        return BufferSpec("stats", shapes.stats_shape(self.channels, n, self._values() // n),
                           np.dtype(np.float64))
 
     @staticmethod
@@ -202,8 +154,8 @@ class BatchNorm(Layer):
         if self.affine:
             return io.params["weight"], io.params["bias"]
         gamma, beta = io.work["weight"], io.work["bias"]
-        fill(gamma, 1.0, io.stream)
-        fill(beta, 0.0, io.stream)
+        elementwise.fill(gamma, 1.0, io.stream)
+        elementwise.fill(beta, 0.0, io.stream)
         return gamma, beta
 
     def forward(self, io):
@@ -212,18 +164,19 @@ class BatchNorm(Layer):
         gamma, beta = self._gamma_beta(io)
         rm, rv = io.params["running_mean"], io.params["running_var"]
         if io.train and io.recompute:
-            batchnorm_normalize(x, gamma, beta, io.saved["mean"], io.saved["invstd"], y,
-                                io.stream, self.relu)
+            batchnorm.batchnorm_normalize(x, gamma, beta, io.saved["mean"], io.saved["invstd"],
+                                          y, io.stream, self.relu)
         elif io.train:
             if x.size // self.channels < 2:
                 raise ShapeError(self, f"bottom 0 ({self.bottom[0]})",
                                  "more than one value per channel in training", tuple(x.shape))
-            batchnorm_forward_train(x, gamma, beta, y, io.saved["mean"], io.saved["invstd"],
-                                    rm, rv, self.momentum, self.eps, io.stream,
-                                    io.work.get("stats"), self.relu)
+            batchnorm.batchnorm_forward_train(x, gamma, beta, y, io.saved["mean"],
+                                              io.saved["invstd"], rm, rv, self.momentum,
+                                              self.eps, io.stream, io.work.get("stats"),
+                                              self.relu)
         else:
-            batchnorm_forward_inference(x, gamma, beta, rm, rv, y, self.eps, io.stream,
-                                        self.relu)
+            batchnorm.batchnorm_forward_inference(x, gamma, beta, rm, rv, y, self.eps,
+                                                  io.stream, self.relu)
 
     def backward(self, io):
         if not io.train:
@@ -240,17 +193,18 @@ class BatchNorm(Layer):
             if wanted:
                 if self.relu:
                     self._mask(io, gamma, beta)
-                batchnorm_param_grads(x, dy, mean, invstd, dgamma, dbeta, io.stream,
-                                      io.work.get("stats"))
+                batchnorm.batchnorm_param_grads(x, dy, mean, invstd, dgamma, dbeta, io.stream,
+                                                io.work.get("stats"))
             return
-        batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, io.stream,
-                           io.work.get("stats"), beta if self.relu else None)
+        batchnorm.batchnorm_backward(x, dy, gamma, mean, invstd, dx, dgamma, dbeta, io.stream,
+                                     io.work.get("stats"), beta if self.relu else None)
 
     @staticmethod
     def _mask(io, gamma, beta) -> None:
         """A fused ReLU's mask: the top's gradient (or its chunk) masked in place."""
-        batchnorm_relu_mask(io.bottom[0], gamma, beta, io.saved["mean"], io.saved["invstd"],
-                            io.top_grad[0], io.top_grad[0], io.stream)
+        batchnorm.batchnorm_relu_mask(io.bottom[0], gamma, beta, io.saved["mean"],
+                                      io.saved["invstd"], io.top_grad[0], io.top_grad[0],
+                                      io.stream)
 
 
     # -- a training step split along the batch (minilms.layers.split) ----------------------------
@@ -265,25 +219,29 @@ class BatchNorm(Layer):
         if self._values() < 2:
             raise ShapeError(self, f"bottom 0 ({self.bottom[0]})",
                              "more than one value per channel in training", self.bottom_shapes[0])
-        batchnorm_split_sums(x, io.chunk[0], self._values(), io.saved["mean"], io.work.get("stats"),
-                             False, io.stream)
+        batchnorm_split.batchnorm_split_sums(x, io.chunk[0], self._values(), io.saved["mean"],
+                                             io.work.get("stats"), False, io.stream)
 
     def finish_mean(self, io):
-        batchnorm_split_mean(io.work.get("stats"), self._values(), io.saved["mean"], io.stream)
+        batchnorm_split.batchnorm_split_mean(io.work.get("stats"), self._values(),
+                                             io.saved["mean"], io.stream)
 
     def sum_squares(self, io):
-        batchnorm_split_sums(io.bottom[0], io.chunk[0], self._values(), io.saved["mean"],
-                             io.work.get("stats"), True, io.stream)
+        batchnorm_split.batchnorm_split_sums(io.bottom[0], io.chunk[0], self._values(),
+                                             io.saved["mean"], io.work.get("stats"), True,
+                                             io.stream)
 
     def finish_invstd(self, io):
-        batchnorm_split_invstd(io.work.get("stats"), self._values(), io.saved["mean"],
-                               io.saved["invstd"], io.params["running_mean"],
-                               io.params["running_var"], self.momentum, self.eps, io.stream)
+        batchnorm_split.batchnorm_split_invstd(io.work.get("stats"), self._values(),
+                                               io.saved["mean"], io.saved["invstd"],
+                                               io.params["running_mean"],
+                                               io.params["running_var"], self.momentum, self.eps,
+                                               io.stream)
 
     def normalize(self, io):
         gamma, beta = self._gamma_beta(io)
-        batchnorm_normalize(io.bottom[0], gamma, beta, io.saved["mean"], io.saved["invstd"],
-                            io.top[0], io.stream, self.relu)
+        batchnorm.batchnorm_normalize(io.bottom[0], gamma, beta, io.saved["mean"],
+                                      io.saved["invstd"], io.top[0], io.stream, self.relu)
 
     def _grads(self, io):
         """(dgamma, dbeta, whether anything is wanted): the parameter gradients, or where they go
@@ -301,15 +259,17 @@ class BatchNorm(Layer):
         if self._grads(io)[2]:
             if self.relu:
                 self._mask(io, *self._gamma_beta(io))
-            batchnorm_split_grad_sums(io.bottom[0], io.top_grad[0], io.chunk[0], io.saved["mean"],
-                                      io.saved["invstd"], io.work.get("stats"),
-                                      io.bottom_grad[0] is not None, io.stream)
+            batchnorm_split.batchnorm_split_grad_sums(io.bottom[0], io.top_grad[0], io.chunk[0],
+                                                      io.saved["mean"], io.saved["invstd"],
+                                                      io.work.get("stats"),
+                                                      io.bottom_grad[0] is not None, io.stream)
 
     def finish_grads(self, io):
         dgamma, dbeta, any_wanted = self._grads(io)
         if any_wanted:
-            batchnorm_split_param_grads(io.work.get("stats"), io.saved["mean"], io.saved["invstd"],
-                                        dgamma, dbeta, io.bottom_grad[0] is not None, io.stream)
+            batchnorm_split.batchnorm_split_param_grads(io.work.get("stats"), io.saved["mean"],
+                                                        io.saved["invstd"], dgamma, dbeta,
+                                                        io.bottom_grad[0] is not None, io.stream)
 
     def input_grad(self, io):
         dx = io.bottom_grad[0]
@@ -318,7 +278,8 @@ class BatchNorm(Layer):
         dgamma, dbeta, _ = self._grads(io)
         gamma = io.params["weight"] if self.affine else io.work["weight"]
         if not self.affine:
-            fill(gamma, 1.0, io.stream)
-        batchnorm_split_input_grad(io.bottom[0], io.top_grad[0], gamma, io.saved["mean"],
-                                   io.saved["invstd"], io.work.get("stats"), dgamma, dbeta,
-                                   self._values(), dx, io.stream)
+            elementwise.fill(gamma, 1.0, io.stream)
+        batchnorm_split.batchnorm_split_input_grad(io.bottom[0], io.top_grad[0], gamma,
+                                                   io.saved["mean"], io.saved["invstd"],
+                                                   io.work.get("stats"), dgamma, dbeta,
+                                                   self._values(), dx, io.stream)

@@ -5,10 +5,13 @@ Forward copies each bottom into its channel slice; backward copies each slice of
 Neither reads a forward blob. The copy kernel
 (``kernels.elementwise.slice_copy``) sees every array as ``[N, C, inner]``.
 """
-from ..kernels.elementwise import slice_copy
+from ..kernels import families
 from .base import Layer, ShapeError, register
 from .recompute import DETERMINISTIC, Recompute
 from .split import SAMPLE_WISE
+
+# numba's: imported with the first kernel that runs (``kernels.families``)
+(elementwise,) = families("elementwise")
 
 
 @register
@@ -32,12 +35,12 @@ class Concat(Layer):
     def forward(self, io):
         offset = 0
         for part in io.bottom:
-            slice_copy(part, io.top[0], offset, True, io.stream)
+            elementwise.slice_copy(part, io.top[0], offset, True, io.stream)
             offset += part.shape[1]
 
     def backward(self, io):
         offset = 0  # from the shapes, not io.bottom: backward reads no forward blob
         for part_grad, shape in zip(io.bottom_grad, self.bottom_shapes):
             if part_grad is not None:
-                slice_copy(part_grad, io.top_grad[0], offset, False, io.stream)
+                elementwise.slice_copy(part_grad, io.top_grad[0], offset, False, io.stream)
             offset += shape[1]

@@ -63,17 +63,15 @@ import math
 
 import numpy as np
 
-from ..kernels import conv_cpu, on_cpu, slotted
-from ..kernels.channel_bias import add_channel_bias, channel_sums
+from ..kernels import families, on_cpu, shapes
 from ..kernels.common import span, view
-from ..kernels.direct import DirectConvolution
-from ..kernels.elementwise import fill, slice_copy
-from ..kernels.gemm import gemm, gemm_batched
-from ..kernels.im2col import col2im, col2im_batch, conv_out_size, im2col, im2col_batch
-from ..kernels.split_k import split_k, sum_splits
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
 from .recompute import Recompute
 from .split import ACCUMULATE, Pass, Phase, SplitRule, samples
+
+# numba's: imported with the first kernel that runs (``kernels.families``)
+channel_bias, conv_cpu, direct, elementwise, gemm, im2col, split_k = families(
+    "channel_bias", "conv_cpu", "direct", "elementwise", "gemm", "im2col", "split_k")
 
 MiB = 2**20
 ENGINES = ("auto", "reference")
@@ -144,8 +142,8 @@ class Convolution(Layer):
             raise ShapeError(self, bottom, f"channels divisible by groups ({self.groups})", shape)
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (self.kernel_size, self.stride, self.pad,
                                                   self.dilation)
-        out_h = conv_out_size(height, kh, sh, ph, dh)
-        out_w = conv_out_size(width, kw, sw, pw, dw)
+        out_h = shapes.conv_out_size(height, kh, sh, ph, dh)
+        out_w = shapes.conv_out_size(width, kw, sw, pw, dw)
         if out_h < 1 or out_w < 1:
             reach = (dh * (kh - 1) + 1, dw * (kw - 1) + 1)
             raise ShapeError(self, bottom, f"an input of at least {reach[0]}x{reach[1]} with pad "
@@ -155,7 +153,7 @@ class Convolution(Layer):
         self.k = self.in_group * kh * kw                 # rows of col
         self.out_h, self.out_w = out_h, out_w
         self._size_workspace(shape, chunked=self.device_kind != "cuda")
-        self.fast = None if self.engine == "reference" else DirectConvolution(
+        self.fast = None if self.engine == "reference" else direct.DirectConvolution(
             shape, (self.num_output, self.in_group) + self.kernel_size, self.groups,
             self._geometry(), self.chunk, self.max_workspace, cpu=self.device_kind != "cuda")
         engine = self.fast.elements if self.fast else 0
@@ -177,21 +175,21 @@ class Convolution(Layer):
             and self.kernel_size == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
         if self.pointwise_cuda:     # the input is the columns: room for split-K partials only
             self.chunk, self.band_rows, self.staged, self.partials = 0, self.out_h, False, 0
-            splits = math.prod(split_k(self.num_output, self.k, shape[0], plane))
+            splits = math.prod(split_k.split_k(self.num_output, self.k, shape[0], plane))
             if splits > 1 and splits * self.num_output * self.k <= budget:
                 self.partials = splits * self.num_output * self.k
             self.elements = max(1, self.partials)
             return
         per_sample = (self.groups * self.k + self.num_output) * plane   # col and dyT of a chunk
         self.chunk = min(shape[0], budget // per_sample) if chunked else 0
-        self.slots = slotted.count(plane, shape[0], self.chunk, self.num_output * self.k) \
+        self.slots = shapes.count(plane, shape[0], self.chunk, self.num_output * self.k) \
             if self.groups == 1 else 1
         self.band_rows, self.staged, self.partials = self.out_h, False, 0
         if self.chunk >= 1:
             self.elements = self.chunk * per_sample   # holds one sample's col and ones as well
             if self.slots > 1:     # and the forward's slotted col and product
                 self.elements = max(self.elements, (self.k + self.num_output) *
-                                    slotted.width(self.slots, plane))
+                                    shapes.width(self.slots, plane))
         elif (self.k + ones) * plane <= budget:
             self.elements = (self.k + ones) * plane
             if not chunked and self.groups == 1:   # cuda: as many samples' columns as fit
@@ -211,7 +209,7 @@ class Convolution(Layer):
         plane = self.out_h * self.out_w
         per = self.k * plane
         fit = min(n_samples, budget // per)
-        splits = math.prod(split_k(self.num_output, self.k, fit, plane))
+        splits = math.prod(split_k.split_k(self.num_output, self.k, fit, plane))
         partials = splits * self.num_output * self.k if splits > 1 else 0
         if (budget - partials) // per >= 1:
             self.partials = partials
@@ -223,8 +221,8 @@ class Convolution(Layer):
         ``(1, 1)``: none."""
         if not self.partials:
             return 1, 1
-        return split_k(self.num_output, self.k, n_samples, self.out_h * self.out_w,
-                       most=self.partials // (self.num_output * self.k))
+        return split_k.split_k(self.num_output, self.k, n_samples, self.out_h * self.out_w,
+                               most=self.partials // (self.num_output * self.k))
 
     # -- declarations --------------------------------------------------------------------------
     def flops(self) -> int:
@@ -303,9 +301,9 @@ class Convolution(Layer):
         for n0, n1 in self._chunks(x.shape[0], chunk):
             cols = self._columns(x, n0, n1, flat, stream)
             top = view(span(y, n0, n1), n1 - n0, self.num_output, plane)
-            gemm_batched(weight, cols, top, stream=stream)
+            gemm.gemm_batched(weight, cols, top, stream=stream)
             if bias is not None:
-                add_channel_bias(top, bias, stream)
+                channel_bias.add_channel_bias(top, bias, stream)
 
     def _backward_batched(self, x, dy, weight, dx, dweight, dbias, flat, chunk, stream):
         """A chunk of samples per launch: the bias gradient by a reduction per channel, the
@@ -314,24 +312,25 @@ class Convolution(Layer):
         others add. At most six launches a chunk, and one to zero ``dx``."""
         plane = self.out_h * self.out_w
         if dx is not None and not self.pointwise_cuda:
-            fill(dx, 0.0, stream)   # col2im adds
+            elementwise.fill(dx, 0.0, stream)   # col2im adds
         for n0, n1 in self._chunks(dy.shape[0], chunk):
             beta = 0.0 if n0 == 0 else 1.0
             grad = view(span(dy, n0, n1), n1 - n0, self.num_output, plane)
             if dbias is not None:
-                channel_sums(grad, dbias, beta, stream)
+                channel_bias.channel_sums(grad, dbias, beta, stream)
             if dweight is not None:
                 cols = self._columns(x, n0, n1, flat, stream)
                 self._weight_grad(grad, cols, dweight, beta, flat, stream)
             if dx is not None:
                 weight_t = view(weight, 1, self.num_output, self.k)
                 if self.pointwise_cuda:     # dx is the columns' gradient: written, not added
-                    gemm_batched(weight_t, grad, view(span(dx, n0, n1), n1 - n0, self.k, plane),
-                                 trans_a=True, stream=stream)
+                    gemm.gemm_batched(weight_t, grad,
+                                      view(span(dx, n0, n1), n1 - n0, self.k, plane),
+                                      trans_a=True, stream=stream)
                     continue
                 cols = view(span(flat, 0, (n1 - n0) * self.k * plane), n1 - n0, self.k, plane)
-                gemm_batched(weight_t, grad, cols, trans_a=True, stream=stream)
-                col2im_batch(cols, span(dx, n0, n1), *self._geometry(), stream=stream)
+                gemm.gemm_batched(weight_t, grad, cols, trans_a=True, stream=stream)
+                im2col.col2im_batch(cols, span(dx, n0, n1), *self._geometry(), stream=stream)
 
     def _columns(self, x, n0, n1, flat, stream):
         """Samples ``n0 .. n1``'s columns ``[n, k, out_h * out_w]``: im2col into the workspace,
@@ -340,7 +339,7 @@ class Convolution(Layer):
         if self.pointwise_cuda:
             return view(span(x, n0, n1), n1 - n0, self.k, plane)
         cols = view(span(flat, 0, (n1 - n0) * self.k * plane), n1 - n0, self.k, plane)
-        im2col_batch(span(x, n0, n1), cols, *self._geometry(), stream=stream)
+        im2col.im2col_batch(span(x, n0, n1), cols, *self._geometry(), stream=stream)
         return cols
 
     def _weight_grad(self, grad, cols, dweight, beta, flat, stream):
@@ -350,13 +349,13 @@ class Convolution(Layer):
         groups, k_parts = self._dw_splits(grad.shape[0])
         splits, size = groups * k_parts, self.num_output * self.k
         if splits == 1:
-            gemm_batched(grad, cols, view(dweight, 1, self.num_output, self.k), trans_b=True,
-                         beta=beta, stream=stream)
+            gemm.gemm_batched(grad, cols, view(dweight, 1, self.num_output, self.k),
+                              trans_b=True, beta=beta, stream=stream)
             return
         end = self.elements
         parts = view(span(flat, end - splits * size, end), splits, self.num_output, self.k)
-        gemm_batched(grad, cols, parts, trans_b=True, stream=stream, k_parts=k_parts)
-        sum_splits(parts, dweight, beta, stream)
+        gemm.gemm_batched(grad, cols, parts, trans_b=True, stream=stream, k_parts=k_parts)
+        split_k.sum_splits(parts, dweight, beta, stream)
 
     def forward(self, io):
         x, y = io.bottom[0], io.top[0]
@@ -378,7 +377,7 @@ class Convolution(Layer):
         weight = io.params["weight"].reshape(self.groups, self.out_group, self.k)
         bias = io.params["bias"].reshape(self.groups, self.out_group, 1) if self.bias else None
         if self.bias:
-            fill(self._views(flat, 0, rows)[2], 1.0, io.stream)
+            elementwise.fill(self._views(flat, 0, rows)[2], 1.0, io.stream)
         plane = self.out_h * self.out_w
         for n in range(n_samples):
             top = y[n].reshape(self.groups, self.out_group, plane)
@@ -387,13 +386,13 @@ class Convolution(Layer):
                 for r0 in range(0, self.out_h, rows):
                     r1 = min(self.out_h, r0 + rows)
                     col, stage, ones = self._views(flat, r0, r1)
-                    im2col(img, col, *self._geometry(), stream=io.stream, rows=(r0, r1))
+                    im2col.im2col(img, col, *self._geometry(), stream=io.stream, rows=(r0, r1))
                     out = stage if staged else top[g]
-                    gemm(weight[g], col, out, stream=io.stream)
+                    gemm.gemm(weight[g], col, out, stream=io.stream)
                     if self.bias:
-                        gemm(bias[g], ones.reshape(1, -1), out, beta=1.0, stream=io.stream)
+                        gemm.gemm(bias[g], ones.reshape(1, -1), out, beta=1.0, stream=io.stream)
                     if staged:
-                        slice_copy(stage, top[g], r0 * self.out_w, True, io.stream)
+                        elementwise.slice_copy(stage, top[g], r0 * self.out_w, True, io.stream)
 
     def backward(self, io):
         x, dy = io.bottom[0], io.top_grad[0]
@@ -428,9 +427,9 @@ class Convolution(Layer):
             dweight = dweight.reshape(self.groups, self.out_group, self.k)
         if dbias is not None:
             dbias = dbias.reshape(self.groups, self.out_group, 1)
-            fill(self._views(flat, 0, rows)[2], 1.0, io.stream)
+            elementwise.fill(self._views(flat, 0, rows)[2], 1.0, io.stream)
         if dx is not None:
-            fill(dx, 0.0, io.stream)  # col2im adds
+            elementwise.fill(dx, 0.0, io.stream)  # col2im adds
         plane = self.out_h * self.out_w
         for n in range(n_samples):
             grad = dy[n].reshape(self.groups, self.out_group, plane)
@@ -442,15 +441,15 @@ class Convolution(Layer):
                     col, stage, ones = self._views(flat, r0, r1)
                     dout = grad[g]
                     if staged:
-                        slice_copy(stage, grad[g], r0 * self.out_w, False, io.stream)
+                        elementwise.slice_copy(stage, grad[g], r0 * self.out_w, False, io.stream)
                         dout = stage
                     if dbias is not None:
-                        gemm(dout, ones.reshape(-1, 1), dbias[g], beta=beta, stream=io.stream)
+                        gemm.gemm(dout, ones.reshape(-1, 1), dbias[g], beta=beta, stream=io.stream)
                     if dweight is not None:
-                        im2col(x[n][channels], col, *self._geometry(), stream=io.stream,
-                               rows=(r0, r1))
-                        gemm(dout, col, dweight[g], trans_b=True, beta=beta, stream=io.stream)
+                        im2col.im2col(x[n][channels], col, *self._geometry(), stream=io.stream,
+                                      rows=(r0, r1))
+                        gemm.gemm(dout, col, dweight[g], trans_b=True, beta=beta, stream=io.stream)
                     if dx is not None:
-                        gemm(weight[g], dout, col, trans_a=True, stream=io.stream)
-                        col2im(col, dx[n][channels], *self._geometry(), stream=io.stream,
-                               rows=(r0, r1))
+                        gemm.gemm(weight[g], dout, col, trans_a=True, stream=io.stream)
+                        im2col.col2im(col, dx[n][channels], *self._geometry(), stream=io.stream,
+                                      rows=(r0, r1))

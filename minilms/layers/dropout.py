@@ -22,12 +22,14 @@ import numbers
 
 import numpy as np
 
-from ..kernels import on_cpu
-from ..kernels.elementwise import dropout_backward, dropout_forward, dropout_mask
+from ..kernels import families, on_cpu
 from .base import BufferSpec, Layer, ShapeError, register
 from .flatten import copy_flat
 from .recompute import Recompute
 from .split import SplitRule, samples
+
+# numba's: imported with the first kernel that runs (``kernels.families``)
+(elementwise,) = families("elementwise")
 
 
 class MaskStaging:
@@ -144,18 +146,18 @@ class Dropout(Layer):
                 copy_flat(x, y, io.stream)
             return
         if io.recompute:
-            dropout_forward(x, io.saved["mask"], self.ratio, y, io.stream)
+            elementwise.dropout_forward(x, io.saved["mask"], self.ratio, y, io.stream)
             return
         if io.rng is None:
             raise ShapeError(self, "forward", "a host RNG in training (StepIO.rng)", None)
         mask = io.saved["mask"]
         if on_cpu(mask):                  # drawn into the saved buffer itself
-            dropout_mask(io.rng, tuple(x.shape), self.ratio, out=mask)
+            elementwise.dropout_mask(io.rng, tuple(x.shape), self.ratio, out=mask)
         else:
-            drawn = dropout_mask(io.rng, tuple(x.shape), self.ratio,
-                                 out=self._staging.take(tuple(x.shape)))
+            drawn = elementwise.dropout_mask(io.rng, tuple(x.shape), self.ratio,
+                                             out=self._staging.take(tuple(x.shape)))
             self._staging.copy(drawn, mask, io.stream)
-        dropout_forward(x, mask, self.ratio, y, io.stream)
+        elementwise.dropout_forward(x, mask, self.ratio, y, io.stream)
 
     def backward(self, io):
         dx = io.bottom_grad[0]
@@ -165,4 +167,4 @@ class Dropout(Layer):
             if not _same_memory(io.top_grad[0], dx):
                 copy_flat(io.top_grad[0], dx, io.stream)
             return
-        dropout_backward(io.top_grad[0], io.saved["mask"], self.ratio, dx, io.stream)
+        elementwise.dropout_backward(io.top_grad[0], io.saved["mask"], self.ratio, dx, io.stream)

@@ -10,10 +10,13 @@ Only ``operation: sum`` exists: product and max are not used by the nets minilms
 """
 import math
 
-from ..kernels.elementwise import eltwise_sum, relu_backward_scale, scale
+from ..kernels import families
 from .base import Layer, ShapeError, register
 from .recompute import DETERMINISTIC, Recompute
 from .split import SAMPLE_WISE
+
+# numba's: imported with the first kernel that runs (``kernels.families``)
+(elementwise,) = families("elementwise")
 
 
 @register
@@ -58,16 +61,17 @@ class Eltwise(Layer):
         return [bottom_shapes[0]]
 
     def forward(self, io):
-        eltwise_sum(io.bottom, io.top[0], self.coeffs, io.stream, relu=self.relu)
+        elementwise.eltwise_sum(io.bottom, io.top[0], self.coeffs, io.stream, relu=self.relu)
 
     def backward(self, io):
         wanted = [(grad, coeff) for grad, coeff in zip(io.bottom_grad, self.coeffs)
                   if grad is not None]
         if not self.relu:
             for grad, coeff in wanted:
-                scale(io.top_grad[0], coeff, grad, io.stream)
+                elementwise.scale(io.top_grad[0], coeff, grad, io.stream)
             return
         while wanted:       # two gradients a pass: the top and its gradient read once for both
             (grad_a, a), (grad_b, b) = wanted[0], wanted[1] if len(wanted) > 1 else (None, 0.0)
-            relu_backward_scale(io.top[0], io.top_grad[0], a, grad_a, b, grad_b, io.stream)
+            elementwise.relu_backward_scale(io.top[0], io.top_grad[0], a, grad_a, b, grad_b,
+                                            io.stream)
             wanted = wanted[2:]

@@ -12,11 +12,13 @@ chunks of that many rows.
 """
 import numpy as np
 
-from ..kernels.elementwise import fill
-from ..kernels.gemm import gemm
+from ..kernels import families
 from .base import BufferSpec, Layer, ParamSpec, ShapeError, register
 from .recompute import Recompute
 from .split import ACCUMULATE, SAMPLES, Pass, Phase, SplitRule
+
+# numba's: imported with the first kernel that runs (``kernels.families``)
+elementwise, gemm = families("elementwise", "gemm")
 
 ONES_ROWS = 1024  # the most rows one bias gemm covers: bounds the workspace, whatever the batch
 
@@ -74,19 +76,19 @@ class InnerProduct(Layer):
     def _ones(self, io):
         """The ones vector (filled), and how many rows one bias gemm covers."""
         ones = io.work["ones"]
-        fill(ones, 1.0, io.stream)
+        elementwise.fill(ones, 1.0, io.stream)
         return ones, ones.size
 
     def forward(self, io):
         x, y = io.bottom[0], io.top[0]
         n = x.shape[0]
-        gemm(x.reshape(n, self.k), io.params["weight"], y, trans_b=True, stream=io.stream)
+        gemm.gemm(x.reshape(n, self.k), io.params["weight"], y, trans_b=True, stream=io.stream)
         if self.bias:
             ones, rows = self._ones(io)
             bias = io.params["bias"].reshape(1, self.num_output)
             for n0 in range(0, n, rows):
                 n1 = min(n, n0 + rows)
-                gemm(ones[:n1 - n0].reshape(-1, 1), bias, y[n0:n1], beta=1.0, stream=io.stream)
+                gemm.gemm(ones[:n1 - n0].reshape(-1, 1), bias, y[n0:n1], beta=1.0, stream=io.stream)
 
     def backward(self, io):
         dy, dx = io.top_grad[0], io.bottom_grad[0]
@@ -94,13 +96,13 @@ class InnerProduct(Layer):
         dweight = io.param_grad.get("weight")
         dbias = io.param_grad.get("bias") if self.bias else None
         if dweight is not None:
-            gemm(dy, io.bottom[0].reshape(n, self.k), dweight, trans_a=True, stream=io.stream)
+            gemm.gemm(dy, io.bottom[0].reshape(n, self.k), dweight, trans_a=True, stream=io.stream)
         if dbias is not None:
             ones, rows = self._ones(io)
             column = dbias.reshape(self.num_output, 1)
             for n0 in range(0, n, rows):
                 n1 = min(n, n0 + rows)
-                gemm(dy[n0:n1], ones[:n1 - n0].reshape(-1, 1), column, trans_a=True,
-                     beta=0.0 if n0 == 0 else 1.0, stream=io.stream)
+                gemm.gemm(dy[n0:n1], ones[:n1 - n0].reshape(-1, 1), column, trans_a=True,
+                          beta=0.0 if n0 == 0 else 1.0, stream=io.stream)
         if dx is not None:
-            gemm(dy, io.params["weight"], dx.reshape(n, self.k), stream=io.stream)
+            gemm.gemm(dy, io.params["weight"], dx.reshape(n, self.k), stream=io.stream)

@@ -25,18 +25,13 @@ needs nothing but the geometry. The kernels are in ``minilms.kernels.pooling``.
 """
 import numpy as np
 
-from ..kernels.pooling import (
-    avg_pool_backward,
-    avg_pool_forward,
-    global_avg_pool_backward,
-    global_avg_pool_forward,
-    max_pool_backward,
-    max_pool_forward,
-    pool_output_size,
-)
+from ..kernels import families, shapes
 from .base import BufferSpec, Layer, ShapeError, register
 from .recompute import DETERMINISTIC, Recompute
 from .split import SplitRule, samples
+
+# numba's: imported with the first kernel that runs (``kernels.families``)
+(pooling,) = families("pooling")
 
 _KINDS = {"max": "max", "ave": "ave", "avg": "ave"}
 
@@ -109,7 +104,7 @@ class Pooling(Layer):
                                     ("W", w, self.kernel[1], self.stride[1], self.pad[1])):
             if size + 2 * p < k:
                 raise ShapeError(self, where, f"{axis} + 2*pad >= kernel_size {k}", shape)
-            out.append(pool_output_size(size, k, s, p, self.ceil_mode))
+            out.append(shapes.pool_output_size(size, k, s, p, self.ceil_mode))
         return [(n, c, *out)]
 
     def _geometry(self):
@@ -128,11 +123,11 @@ class Pooling(Layer):
         x, y = io.bottom[0], io.top[0]
         kernel, stride, pad = self._geometry()
         if self.pool == "max":
-            max_pool_forward(x, y, io.saved["argmax"], kernel, stride, pad, io.stream)
+            pooling.max_pool_forward(x, y, io.saved["argmax"], kernel, stride, pad, io.stream)
         elif self.global_pooling:
-            global_avg_pool_forward(x, y, io.stream)
+            pooling.global_avg_pool_forward(x, y, io.stream)
         else:
-            avg_pool_forward(x, y, kernel, stride, pad, self.count_include_pad, io.stream)
+            pooling.avg_pool_forward(x, y, kernel, stride, pad, self.count_include_pad, io.stream)
 
     def backward(self, io):
         dx, dy = io.bottom_grad[0], io.top_grad[0]
@@ -140,8 +135,9 @@ class Pooling(Layer):
             return
         kernel, stride, pad = self._geometry()
         if self.pool == "max":
-            max_pool_backward(dy, io.saved["argmax"], dx, kernel, stride, pad, io.stream)
+            pooling.max_pool_backward(dy, io.saved["argmax"], dx, kernel, stride, pad, io.stream)
         elif self.global_pooling:
-            global_avg_pool_backward(dy, dx, io.stream)
+            pooling.global_avg_pool_backward(dy, dx, io.stream)
         else:
-            avg_pool_backward(dy, dx, kernel, stride, pad, self.count_include_pad, io.stream)
+            pooling.avg_pool_backward(dy, dx, kernel, stride, pad, self.count_include_pad,
+                                      io.stream)

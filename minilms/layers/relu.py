@@ -3,10 +3,13 @@
 Backward: ``dbottom = dtop * (top > 0)``. It reads the *output*, so an in-place ReLU (top named as
 its bottom) needs nothing else kept: the planner drops the input.
 """
-from ..kernels.elementwise import relu_backward, relu_forward
+from ..kernels import families
 from .base import Layer, register
 from .recompute import DETERMINISTIC, Recompute
 from .split import SAMPLE_WISE
+
+# numba's: imported with the first kernel that runs (``kernels.families``)
+(elementwise,) = families("elementwise")
 
 
 @register
@@ -20,8 +23,8 @@ class ReLU(Layer):
         return [bottom_shapes[0]]
 
     def forward(self, io):
-        relu_forward(io.bottom[0], io.top[0], io.stream)
+        elementwise.relu_forward(io.bottom[0], io.top[0], io.stream)
 
     def backward(self, io):
         if io.bottom_grad[0] is not None:
-            relu_backward(io.top[0], io.top_grad[0], io.bottom_grad[0], io.stream)
+            elementwise.relu_backward(io.top[0], io.top_grad[0], io.bottom_grad[0], io.stream)

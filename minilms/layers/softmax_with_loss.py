@@ -24,15 +24,16 @@ import numbers
 
 import numpy as np
 
-from ..kernels import on_cpu
+from ..kernels import families, on_cpu
 from ..kernels.common import grid_1d, launch, view
-from ..kernels.elementwise import fill, scale
 from ..kernels.registry import cuda_kernel
-from ..kernels.softmax import batch_mean, softmax_xent_backward, softmax_xent_forward
 from ..lazy_cuda import cuda
 from .base import BufferSpec, Layer, ShapeError, register
 from .recompute import Recompute
 from .split import ACCUMULATE, ONCE, Pass, Phase, SplitRule, samples
+
+# numba's: imported with the first kernel that runs (``kernels.families``)
+elementwise, softmax = families("elementwise", "softmax")
 
 
 @cuda_kernel("void(float32[::1], float32[::1])", "void(float64[::1], float64[::1])")
@@ -95,19 +96,19 @@ class SoftmaxWithLoss(Layer):
         if prob.dtype != logits.dtype:
             raise ShapeError(self, "dtype of prob", f"the logits' {logits.dtype}", prob.dtype)
         n, k = prob.shape
-        softmax_xent_forward(view(logits, n, k), labels, prob, loss, stream=io.stream)
+        softmax.softmax_xent_forward(view(logits, n, k), labels, prob, loss, stream=io.stream)
         copy_device(labels, io.saved["label"], io.stream)
 
     def mean_loss(self, io):
         """``top = loss_weight * mean(loss)`` over the whole batch's per-sample losses."""
         top = io.top[0]
-        batch_mean(io.saved["loss"], top, io.stream)
+        softmax.batch_mean(io.saved["loss"], top, io.stream)
         if self.loss_weight != 1.0:
-            scale(top, self.loss_weight, top, io.stream)
+            elementwise.scale(top, self.loss_weight, top, io.stream)
 
     def backward(self, io):
         if len(io.bottom_grad) > 1 and io.bottom_grad[1] is not None:
-            fill(io.bottom_grad[1], 0.0, io.stream)   # labels are not differentiable
+            elementwise.fill(io.bottom_grad[1], 0.0, io.stream)   # labels are not differentiable
         dlogits = io.bottom_grad[0]
         if dlogits is None:
             return
@@ -115,8 +116,9 @@ class SoftmaxWithLoss(Layer):
         dz = view(dlogits, *prob.shape)
         batch = self.bottom_shapes[0][0]   # the whole batch's N, also for a chunk of it
         if on_cpu(prob):   # the upstream scale is at hand: fold it into one pass
-            softmax_xent_backward(prob, labels, dz, self.loss_weight * float(g[0]), batch=batch)
+            softmax.softmax_xent_backward(prob, labels, dz, self.loss_weight * float(g[0]),
+                                          batch=batch)
         else:
-            softmax_xent_backward(prob, labels, dz, self.loss_weight, io.stream, batch)
+            softmax.softmax_xent_backward(prob, labels, dz, self.loss_weight, io.stream, batch)
             flat = view(dlogits, dlogits.size)
             launch(scale_by_first_cuda, *grid_1d(flat.size), io.stream)(flat, view(g, 1))

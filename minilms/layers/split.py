@@ -48,8 +48,11 @@ import numbers
 from dataclasses import dataclass, replace
 
 from ..errors import ShapeError
-from ..kernels.elementwise import accumulate
+from ..kernels import families
 from .base import BufferSpec, Layer, StepIO
+
+# numba's: imported with the first kernel that runs (``kernels.families``)
+(elementwise,) = families("elementwise")
 
 SAMPLES, ACCUMULATE, STATISTICS = "samples", "accumulate", "statistics"
 KINDS = (SAMPLES, ACCUMULATE, STATISTICS)
@@ -237,7 +240,7 @@ def add_sums(layer: Layer, phase: str, io: StepIO, temps: dict) -> None:
         role, key = name.split(".", 1)
         target = (io.param_grad if role == "param_grad" else io.work).get(key)
         if target is not None:
-            accumulate(target, temps[name], io.stream)
+            elementwise.accumulate(target, temps[name], io.stream)
 
 
 def _phase_of(io: StepIO) -> str:

@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..kernels.gemm import INNER_LOOP_FFMA_SHARE
 from ..layers.recompute import in_place, recompute_reads, recompute_writes
 from ..net import Net, Step
 from .plan import Plan, Policy
@@ -128,6 +127,7 @@ def cuda_flops() -> float:
     """The GPU's FLOP/s for the cost model: its FP32 peak times the share the convolutions
     reached on a GPU (``CONV_SHARE_OF_PEAK``), under the ceiling the GEMM's instruction mix
     sets (``INNER_LOOP_FFMA_SHARE``, the model's rate until the convolutions' was measured)."""
+    from ..kernels.gemm import INNER_LOOP_FFMA_SHARE  # numba's: only a cuda model asks
     return GPU_FP32_PEAK * min(CONV_SHARE_OF_PEAK, INNER_LOOP_FFMA_SHARE)
 
 

@@ -17,13 +17,16 @@ from .. import events
 from ..blob import Blob
 from ..device.pool import align_up
 from ..errors import OutOfDeviceMemory
-from ..kernels.elementwise import accumulate
+from ..kernels import families
 from ..layers import StepIO
 from ..layers.recompute import rerun_forward
 from ..layers.split import add_sums, part_io
 from ..net import Net, Step
 from ..sizes import format_bytes
 from .ring import Pending
+
+# numba's: imported with the first kernel that runs (``kernels.families``)
+(elementwise,) = families("elementwise")
 
 
 class Executor:
@@ -193,7 +196,7 @@ class Executor:
     def backward(self, step: Step) -> None:
         self.net.layer[step.layer].backward(self.backward_io(step))
         for part, grad in step.accumulate:
-            accumulate(self._update(grad), self._read(part), self.stream())
+            elementwise.accumulate(self._update(grad), self._read(part), self.stream())
 
     def backward_io(self, step: Step) -> StepIO:
         bottom, top, top_grad, bottom_grad, params, saved, work, param_grad, adds = \
@@ -264,7 +267,7 @@ class Executor:
             if part.temps:
                 add_sums(layer, part.phase, io, temps)
             for partial, grad in step.accumulate:
-                accumulate(self._update(grad), self._read(partial), self.stream())
+                elementwise.accumulate(self._update(grad), self._read(partial), self.stream())
         finally:
             del self._read, self._write, self._update
 

@@ -26,15 +26,16 @@
 * **batches**: the data loader (``minilms.datasets.BatchLoader``) holds ``prefetch + 2`` batches
   at once (``loader_batches``): the one training, ``prefetch`` waiting, and one being made.
 
-* **kernels** (``cpu``): what a run adds to the process once, whatever its net: Numba's JIT
-  started (LLVM's code pages and its runtime module, which the first kernel of a process brings,
-  even from the cache), the kernels the net loads from the cache with their tables, and the BLAS
-  and OpenMP threads' buffers. It is nearly the same for a small net as for ResNet-152, so it is
+* **kernels** (``cpu``): what a run adds to the process once, whatever its net: numba imported
+  (at the first kernel that runs: ``minilms.lazy``) and its JIT started (LLVM's code pages and
+  its runtime module, which the first kernel of a process brings, even from the cache), the
+  kernels the net loads from the cache with their tables, and the BLAS and OpenMP threads'
+  buffers. It is nearly the same for a small net as for ResNet-152, so it is
   one measured constant (``CPU_KERNEL_BYTES``), not a sum over the plan; on ``cuda`` (the
   driver's context, the CUDA kernels) it is not measured and not counted.
 
-What it does not count is the process as it stands after its imports: Python, numpy, Numba,
-minilms, the net's Python objects. ``minilms.plan`` prints that as measured in its own process,
+What it does not count is the process as it stands after its imports: Python, numpy, minilms,
+the net's Python objects. ``minilms.plan`` prints that as measured in its own process,
 and ``scripts/bench_host_memory.py`` measures a run's peak resident memory over it, which the
 figure here predicts.
 """
@@ -49,8 +50,8 @@ from .plan import Plan
 RING_SLOTS = 2   # sets of homes for what the host writes and reads every iteration (lms.ring)
 # What a run on the cpu device adds to the process once (the module's docstring: kernels):
 # bench_host_memory's "kept", from a quarter-width ResNet-18 to ResNet-152 (benchmarks.md,
-# "Why the code chose"). A rounded middle, not a bound.
-CPU_KERNEL_BYTES = 96 * 2**20
+# "Why the code chose"; numba's import in it since session 51). A rounded middle, not a bound.
+CPU_KERNEL_BYTES = 160 * 2**20
 
 
 def ring_blobs(plan: Plan) -> list[str]:
@@ -117,9 +118,9 @@ class HostMemory:
         return self.home_bytes + self.pool + self.batches + self.kernels
 
     def breakdown(self) -> str:
-        """Pinned and pageable, and what they are made of: ``pinned 0 B, pageable 942.72 MiB:
+        """Pinned and pageable, and what they are made of: ``pinned 0 B, pageable 1.09 GiB:
         682.12 MiB blob homes of 493 blobs, 256.00 MiB pool (host RAM on cpu), 18.38 MiB
-        batches x4, 96.00 MiB kernels (Numba's JIT and the cpu kernels, once)``."""
+        batches x4, 160.00 MiB kernels (Numba's JIT and the cpu kernels, once)``."""
         parts = [f"{format_bytes(self.home_bytes)} blob homes of {len(self.homes)} blobs"
                  + (f" ({format_bytes(self.pinned)} of them pinned)" if self.pinned else "")]
         if self.pool:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from minilms.kernels import conv_cpu
 from minilms.kernels.direct import DirectConvolution, bands
+from minilms.kernels.direct.rules import bands as bands_rules
 from minilms.layers.convolution import Convolution
 
 from ..layers.test_convolution_engines import run as run_layer
@@ -37,7 +38,7 @@ def test_matches_the_definition(g, slots, with_bias, columns, seed):
     if not g.has_output or not bands.applies((g.o, g.c) + g.kernel, g.args):
         return
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bands, "BAND_COLUMNS", columns)    # bands of a row up to the plane
+        patch.setattr(bands_rules, "BAND_COLUMNS", columns)    # bands of a row up to the plane
         assert_matches_the_definition(bands, g, slots, with_bias, seed)
 
 
@@ -61,7 +62,7 @@ def test_its_bits_do_not_depend_on_the_threads_or_the_batch(monkeypatch):
     """Every result, the weight gradient too (the samples' parts added in sample order), with
     one thread or several; a step split along the batch gives the whole step's forward and input
     gradient bit for bit, and its weight gradient as the sum of the chunks'."""
-    monkeypatch.setattr(bands, "BAND_COLUMNS", 100)     # several bands a sample
+    monkeypatch.setattr(bands_rules, "BAND_COLUMNS", 100)     # several bands a sample
     rng = np.random.default_rng(1)
     x = rng.standard_normal((6, 3, 56, 56)).astype(np.float32)
     weight = rng.standard_normal((16, 3, 7, 7)).astype(np.float32)
@@ -91,7 +92,7 @@ def test_the_workspace_does_not_depend_on_the_threads():
 
 
 def test_a_band_is_about_band_columns_wide():
-    assert bands.band_rows(112, 112) == -(-bands.BAND_COLUMNS // 112)
+    assert bands.band_rows(112, 112) == -(-bands_rules.BAND_COLUMNS // 112)
     assert bands.band_rows(1120, 1120) == 1      # GoogLeNet's stem at 2240x2240: a row
     assert bands.band_rows(8, 3) == 3            # never past the plane
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from minilms.kernels import cblas, mkl
 from minilms.kernels.direct import DirectConvolution, winograd, winograd_tiles
+from minilms.kernels.direct.rules import winograd as winograd_rules
 from minilms.layers.convolution import Convolution
 
 from ..layers.test_convolution_engines import run as run_layer
@@ -27,7 +28,7 @@ TOLERANCE = {2: 1e-5, 4: 1e-4}
 @pytest.fixture
 def tiles(monkeypatch):
     """``tiles(m)``: the layers built after it take F(m, 3) (the rule picks it by the plane)."""
-    return lambda m: monkeypatch.setattr(winograd, "tile_size", lambda *args: m)
+    return lambda m: monkeypatch.setattr(winograd_rules, "tile_size", lambda *args: m)
 
 
 def geometry(pad):
@@ -110,8 +111,8 @@ def test_the_written_out_transforms_are_the_matrices(m, grad):
 def test_matches_the_definition(n, c, o, height, width, pad, m, slots, with_bias, seed):
     if height + 2 * pad < 3 or width + 2 * pad < 3:
         return
-    winograd_tile = winograd.tile_size
-    winograd.tile_size = lambda *args: m
+    winograd_tile = winograd_rules.tile_size
+    winograd_rules.tile_size = lambda *args: m
     try:
         rng = np.random.default_rng(seed)
         x = rng.standard_normal((n, c, height, width)).astype(np.float32)
@@ -121,7 +122,7 @@ def test_matches_the_definition(n, c, o, height, width, pad, m, slots, with_bias
         dy = rng.standard_normal((n, o, out_h, out_w)).astype(np.float32)
         y, dx, dw, db = run(x, weight, bias, dy, pad, slots)
     finally:
-        winograd.tile_size = winograd_tile
+        winograd_rules.tile_size = winograd_tile
     tol, args = TOLERANCE[m], geometry(pad)
     want_y = reference(x, weight, np.zeros(o) if bias is None else bias, *args[1:])
     np.testing.assert_allclose(y, want_y, rtol=tol, atol=tol * np.sqrt(9 * c))
@@ -173,17 +174,17 @@ def test_bands_of_tile_rows_match_the_definition(n, c, o, height, width, pad, m,
     weight = rng.standard_normal((o, c, 3, 3)).astype(np.float32)
     out_h, out_w = height + 2 * pad - 2, width + 2 * pad - 2
     dy = rng.standard_normal((n, o, out_h, out_w)).astype(np.float32)
-    saved = winograd.tile_size, winograd.BAND_WORKER
-    winograd.tile_size = lambda *args: m
+    saved = winograd_rules.tile_size, winograd_rules.BAND_WORKER
+    winograd_rules.tile_size = lambda *args: m
     try:
-        forward = winograd._layouts(x.shape, weight.shape, pad)[0]
-        winograd.BAND_WORKER = forward._size(band_rows)     # bands of band_rows tile rows
-        forward = winograd._layouts(x.shape, weight.shape, pad)[0]
+        forward = winograd_rules.layouts_of(x.shape, weight.shape, pad)[0]
+        winograd_rules.BAND_WORKER = forward._size(band_rows)     # bands of band_rows tile rows
+        forward = winograd_rules.layouts_of(x.shape, weight.shape, pad)[0]
         assert forward.band_rows == min(band_rows, forward.tiles_h)
         assert forward.bands == -(-forward.tiles_h // forward.band_rows)
         y, dx, dw, _ = run(x, weight, None, dy, pad, slots)
     finally:
-        winograd.tile_size, winograd.BAND_WORKER = saved
+        winograd_rules.tile_size, winograd_rules.BAND_WORKER = saved
     tol, args = TOLERANCE[m], geometry(pad)
     np.testing.assert_allclose(y, reference(x, weight, np.zeros(o), *args[1:]), rtol=tol,
                                atol=tol * np.sqrt(9 * c))
@@ -200,13 +201,13 @@ def test_a_samples_bands_do_not_depend_on_the_chunk_or_the_threads(tiles, librar
     gradient (bit for bit where the library keeps a row's bits, else to rounding), with one
     thread or several; the weight gradient to rounding. The bands' blocks are the layer's."""
     tiles(4)
-    monkeypatch.setattr(winograd, "BAND_WORKER", 1)         # a tile row a band
+    monkeypatch.setattr(winograd_rules, "BAND_WORKER", 1)         # a tile row a band
     rng = np.random.default_rng(11)
     n, c, o, h = 5, 12, 10, 22
     x = rng.standard_normal((n, c, h, h)).astype(np.float32)
     weight = rng.standard_normal((o, c, 3, 3)).astype(np.float32)
     dy = rng.standard_normal((n, o, h, h)).astype(np.float32)
-    layout = winograd._layouts(x.shape, weight.shape, 1)[0]
+    layout = winograd_rules.layouts_of(x.shape, weight.shape, 1)[0]
     assert (layout.band_rows, layout.bands, layout.group) == (1, 6, 1)
     assert_split_is_whole(x, weight, dy, library, (((0, 1, 5), None), ((0, 2, 3, 5), 1)),
                           dw_atol=1e-3 * np.abs(run(x, weight, None, dy, 1, 3)[2]).max())
@@ -217,12 +218,12 @@ def test_a_plane_too_large_for_one_worker_goes_in_bands():
     hold 83M elements; in bands it fits ``BAND_WORKER``, so the engine takes it within the
     layer's 64 MiB; at 224x224 the same layer's planes stay whole."""
     weight = (192, 64, 3, 3)
-    big = winograd._layouts((1, 64, 560, 560), weight, 1)
-    assert all(layout.bands > 1 and layout.worker <= winograd.BAND_WORKER for layout in big)
+    big = winograd_rules.layouts_of((1, 64, 560, 560), weight, 1)
+    assert all(layout.bands > 1 and layout.worker <= winograd_rules.BAND_WORKER for layout in big)
     assert big[0].bands * big[0].band_rows >= big[0].tiles_h > (big[0].bands - 1) * \
         big[0].band_rows
     assert winograd.slot_count((1, 64, 560, 560), weight, 1, 64 * MiB // 4) >= 2
-    small = winograd._layouts((8, 64, 56, 56), weight, 1)
+    small = winograd_rules.layouts_of((8, 64, 56, 56), weight, 1)
     assert all(layout.bands == 1 and layout.band_rows == layout.tiles_h for layout in small)
 
 
@@ -234,7 +235,7 @@ def test_blocks_of_a_large_plane(tiles, m):
     x = rng.standard_normal((2, 6, 66, 70)).astype(np.float32)
     weight = rng.standard_normal((7, 6, 3, 3)).astype(np.float32)
     dy = rng.standard_normal((2, 7, 66, 70)).astype(np.float32)
-    layout = winograd._layouts(x.shape, weight.shape, 1)[0]
+    layout = winograd_rules.layouts_of(x.shape, weight.shape, 1)[0]
     assert layout.group == 1 and layout.block < layout.tiles
     y, dx, dw, _ = run(x, weight, None, dy, 1, 2)
     tol, args = TOLERANCE[m], geometry(1)
@@ -289,16 +290,16 @@ def test_groups_and_blocks():
     blocks of at most ``MAX_BLOCK`` tiles. Neither depends on the chunk: the layouts are the
     layer's (``batch``)."""
     weight = (256, 256, 3, 3)
-    layout = winograd._layouts((8, 256, 14, 14), weight, 1)[0]      # F(2, 3): 49 tiles
+    layout = winograd_rules.layouts_of((8, 256, 14, 14), weight, 1)[0]      # F(2, 3): 49 tiles
     assert (layout.m, layout.group, layout.block) == (2, 2, 98)
-    assert winograd._layouts((3, 256, 14, 14), weight, 1, batch=8)[0].group == 2
-    assert winograd._layouts((64, 256, 14, 14), weight, 1)[0].group == 2  # 128 // 49
-    assert winograd._layouts((3, 256, 14, 14), weight, 1)[0].group == 1
-    big = winograd._layouts((8, 64, 56, 56), (64, 64, 3, 3), 1)[0]   # F(4, 3): 196 tiles
+    assert winograd_rules.layouts_of((3, 256, 14, 14), weight, 1, batch=8)[0].group == 2
+    assert winograd_rules.layouts_of((64, 256, 14, 14), weight, 1)[0].group == 2  # 128 // 49
+    assert winograd_rules.layouts_of((3, 256, 14, 14), weight, 1)[0].group == 1
+    big = winograd_rules.layouts_of((8, 64, 56, 56), (64, 64, 3, 3), 1)[0]   # F(4, 3): 196 tiles
     assert (big.m, big.group, big.block) == (4, 1, 196)
-    huge = winograd._layouts((1, 8, 224, 224), (8, 8, 3, 3), 1)[0]   # 3136 tiles
+    huge = winograd_rules.layouts_of((1, 8, 224, 224), (8, 8, 3, 3), 1)[0]   # 3136 tiles
     blocks = -(-huge.tiles // huge.block)
-    assert blocks == -(-huge.tiles // winograd.MAX_BLOCK)
+    assert blocks == -(-huge.tiles // winograd_rules.MAX_BLOCK)
     assert (blocks - 1) * huge.block < huge.tiles <= blocks * huge.block
     assert winograd._deal(7, 4, 2) in ([(0, 4), (4, 7)], [(0, 7)],
                                        [(0, 2), (2, 4), (4, 6), (6, 7)])
@@ -346,10 +347,10 @@ def test_where_it_pays_and_which_tiles():
     assert not winograd.applies((64, 64, 3, 3), ((3, 3), (1, 1), (1, 1), (2, 2)))
     assert not winograd.applies((64, 64, 3, 3), ((3, 3), (1, 1), (1, 0), (1, 1)))
     assert not winograd.applies((64, 64, 3, 3), ((3, 3), (1, 1), (3, 3), (1, 1)))
-    assert winograd.tile_size((64, 64, 3, 3), (56, 56)) == 4
-    assert winograd.tile_size((64, 64, 3, 3), (28, 28)) == 4
-    assert winograd.tile_size((64, 64, 3, 3), (14, 14)) == 2
-    assert winograd.tile_size((512, 512, 3, 3), (7, 7)) == 2      # 4 tiles of 4x4: too few
+    assert winograd_rules.tile_size((64, 64, 3, 3), (56, 56)) == 4
+    assert winograd_rules.tile_size((64, 64, 3, 3), (28, 28)) == 4
+    assert winograd_rules.tile_size((64, 64, 3, 3), (14, 14)) == 2
+    assert winograd_rules.tile_size((512, 512, 3, 3), (7, 7)) == 2      # 4 tiles of 4x4: too few
 
 
 def test_the_engine_takes_it_where_it_pays_and_needs_no_columns():

@@ -277,7 +277,7 @@ def test_either_vector_width_runs_in_the_workspace_sized_for_the_widest(g, monke
     so a plan's, figures are the same on an AVX2 and an AVX-512 host. The kernels at either
     width run in that workspace and equal the reference engine."""
     from minilms.kernels.direct import conv as direct_conv
-    from minilms.kernels.direct import input_grad
+    from minilms.kernels.direct import input_grad, vector_ir
     rng = np.random.default_rng(5)
     x = rng.standard_normal((g.n, g.c, g.height, g.width)).astype(np.float32)
     reference = layer(g, "reference")
@@ -289,6 +289,7 @@ def test_either_vector_width_runs_in_the_workspace_sized_for_the_widest(g, monke
     for lanes in (8, 16):
         monkeypatch.setattr(direct_conv, "VL", lanes)
         monkeypatch.setattr(input_grad, "VL", lanes)
+        monkeypatch.setattr(vector_ir, "VL", lanes)     # the rules' host_lanes()
         direct_conv._kernel_inputs.cache_clear()    # layouts cached per shape, at one width
         direct_conv.tile_table.cache_clear()
         try:

@@ -405,7 +405,7 @@ def test_winograd_groups_give_a_split_step_the_whole_steps_bits(monkeypatch, chu
     The second shape (the rule widened to take it) is one where OpenBLAS gave a row other bits at
     the other place of its group: the layer must hand the chunk's first sample down to the
     kernels."""
-    from minilms.kernels.direct import winograd
+    from minilms.kernels.direct.rules import winograd
     monkeypatch.setattr(winograd, "WINOGRAD_PLANE", 1)
     monkeypatch.setattr(winograd, "WINOGRAD_CHANNELS", 1)
     monkeypatch.setattr(winograd, "tile_size", lambda *args: m)
@@ -421,7 +421,7 @@ def test_winograd_groups_give_a_split_step_the_whole_steps_bits(monkeypatch, chu
             shapes = [b.shape for b in bottoms]
             run = LayerRun(device, layer, shapes, np.float32, seed=0) if split is None else \
                 SplitRun(device, layer, shapes, np.float32, seed=0, chunks=split)
-            assert layer.fast.winograd_slots and winograd._layouts(
+            assert layer.fast.winograd_slots and winograd.layouts_of(
                 shapes[0], (out, channels, 3, 3), 1)[0].group == 2
             set_params(run, 5)
             results.append(run_steps(run, bottoms, 5, down))

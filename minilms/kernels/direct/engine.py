@@ -15,11 +15,17 @@ by kernel.
 It covers float32 convolutions without groups on the ``cpu`` device; anything else (float64, the
 gradient checks; groups; ``cuda``) is left whole to the reference.
 """
-from .. import slotted
-from ..im2col import conv_out_size
+from ...lazy import LazyModule
 from ..registry import on_cpu
-from . import bands, conv, input_grad, pointwise, weight_grad, windows, winograd
-from .vector_ir import SIZE_LANES
+from ..shapes import conv_out_size, count
+from . import rules
+from .rules import SIZE_LANES
+
+# The paths' kernels, imported with the first one that runs (``minilms.lazy``): what the engine
+# decides as a layer is set up reads their rules alone (``rules``), and planning runs no kernel.
+bands, conv, input_grad, pointwise, weight_grad, windows, winograd = (
+    LazyModule(f"{__package__}.{name}") for name in
+    ("bands", "conv", "input_grad", "pointwise", "weight_grad", "windows", "winograd"))
 
 __all__ = ["DirectConvolution"]
 
@@ -56,55 +62,56 @@ class DirectConvolution:
         samples, height, width = x_shape[0], x_shape[2], x_shape[3]
         out, out_h, out_w = (weight_shape[0], conv_out_size(height, kh, sh, ph, dh),
                              conv_out_size(width, kw, sw, pw, dw))
-        if pointwise.applies(weight_shape, geometry):
+        if rules.pointwise.applies(weight_shape, geometry):
             per_call = chunk or 1       # without a chunk, a sample at a time where it fits
-            slots = slotted.count(out_h * out_w, samples, per_call, out * x_shape[1])
-            elements = pointwise.workspace_elements(x_shape, out, out_h * out_w, per_call,
-                                                    (sh, sw) != (1, 1), slots)
+            slots = count(out_h * out_w, samples, per_call, out * x_shape[1])
+            elements = rules.pointwise.workspace_elements(x_shape, out, out_h * out_w,
+                                                          per_call, (sh, sw) != (1, 1), slots)
             if chunk or elements <= max_workspace // 4:
                 self.pointwise, self.chunk, self.slots, self.elements = \
                     True, per_call, slots, elements
                 return
-        if winograd.pays(weight_shape, geometry, out_h * out_w):
-            self.winograd_slots = winograd.slot_count(x_shape, weight_shape, ph,
-                                                      max_workspace // 4)
+        if rules.winograd.pays(weight_shape, geometry, out_h * out_w):
+            self.winograd_slots = rules.winograd.slot_count(x_shape, weight_shape, ph,
+                                                            max_workspace // 4)
         if self.winograd_slots:
-            self.elements = winograd.workspace_elements(x_shape, weight_shape, ph,
-                                                        self.winograd_slots)
+            self.elements = rules.winograd.workspace_elements(x_shape, weight_shape, ph,
+                                                              self.winograd_slots)
             return
-        if windows.pays(weight_shape, geometry, out_h * out_w):
-            self.window_slots = windows.slot_count(x_shape, weight_shape, geometry,
-                                                   max_workspace // 4)
+        if rules.windows.pays(weight_shape, geometry, out_h * out_w):
+            self.window_slots = rules.windows.slot_count(x_shape, weight_shape, geometry,
+                                                         max_workspace // 4)
         if self.window_slots:
-            self.elements = windows.workspace_elements(x_shape, weight_shape, geometry,
-                                                       self.window_slots)
+            self.elements = rules.windows.workspace_elements(x_shape, weight_shape, geometry,
+                                                             self.window_slots)
             return
-        if bands.pays(weight_shape, geometry, out_h * out_w):
-            self.band_slots = bands.slot_count(x_shape, weight_shape, geometry,
-                                               max_workspace // 4)
+        if rules.bands.pays(weight_shape, geometry, out_h * out_w):
+            self.band_slots = rules.bands.slot_count(x_shape, weight_shape, geometry,
+                                                     max_workspace // 4)
         if self.band_slots:
-            self.elements = bands.workspace_elements(x_shape, weight_shape, geometry,
-                                                     self.band_slots)
+            self.elements = rules.bands.workspace_elements(x_shape, weight_shape, geometry,
+                                                           self.band_slots)
             return
         if not chunk:
             return
-        self.dw_direct = weight_grad.weight_grad_pays(weight_shape, out_h * out_w)
-        self.forward_direct = conv.forward_pays(weight_shape, out_h * out_w)
+        self.dw_direct = rules.weight_grad.weight_grad_pays(weight_shape, out_h * out_w)
+        self.forward_direct = rules.conv.forward_pays(weight_shape, out_h * out_w)
         # the larger of the forward's and the weight gradient's prepared inputs (max_step 1),
         # and of dy's as the input of the transposed convolution where that path is taken
         # sized for SIZE_LANES whatever this host's vectors: the same workspace, and plan, on
         # every host, and room for the kernels at the host's width (never more)
-        x_sample = conv.padded_size(x_shape, *geometry, max_step=1, vl=SIZE_LANES)
-        transposed = input_grad.transposed_geometry(geometry)
-        if transposed is not None and input_grad.input_grad_pays(weight_shape, out_h * out_w):
+        x_sample = rules.conv.padded_size(x_shape, *geometry, max_step=1, vl=SIZE_LANES)
+        transposed = rules.input_grad.transposed_geometry(geometry)
+        if transposed is not None and \
+                rules.input_grad.input_grad_pays(weight_shape, out_h * out_w):
             self.dx_path = "direct"
         dy_sample = 0 if self.dx_path is None else \
-            conv.padded_size((samples, out, out_h, out_w), *transposed, vl=SIZE_LANES)
+            rules.conv.padded_size((samples, out, out_h, out_w), *transposed, vl=SIZE_LANES)
         self.elements = SIZE_LANES + chunk * max(x_sample, dy_sample)
         # dy with samples in lanes: a whole number of vectors of them, within max_workspace
         dy_lanes = -(-chunk // SIZE_LANES) * SIZE_LANES * out * out_h * out_w
         if self.dx_path is None and dy_lanes * 4 <= max_workspace and \
-                input_grad.sample_lanes_pay(x_shape, weight_shape, geometry):
+                rules.input_grad.sample_lanes_pay(x_shape, weight_shape, geometry):
             self.dx_path = "lanes"
             self.elements = max(self.elements, dy_lanes)
 

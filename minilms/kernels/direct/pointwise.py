@@ -38,44 +38,13 @@ from numba import njit, prange
 from .. import blas_threads, mkl, slotted
 from ..blas_threads import matmul
 from ..slotted import side_by_side
+from .rules.pointwise import SHORT_PLANE, applies, columns_held, workspace_elements
 from .weight_grad import bias_grad
 
 __all__ = ["applies", "workspace_elements", "forward", "input_grad", "weight_grad", "backward",
            "by_sample", "both_by_sample", "BY_SAMPLE"]
 
-# A sample's columns per GEMM below which dW's GEMMs run over a chunk's columns side by side:
-# a GEMM with a short inner dimension is far from the machine's rate (docs/benchmarks.md). Only
-# dW, a sum over the samples (regrouped when a step is split): the forward and the input gradient
-# are a sample's own, and must not depend on how many samples share a call. One GEMM over several
-# samples' columns does (BLAS picks its kernel by the width): session 32 ran the 7x7 planes'
-# forward and input gradient so, and a step split into chunks of 1-2 samples then gave other bits
-# (tests/kernels/test_conv_pointwise.py checks it above ``blas_threads.MIN_FLOPS``). On the
-# shortest planes they now go side by side in ``kernels.slotted``'s fixed-width products.
-SHORT_PLANE = 256
 BY_SAMPLE = True    # False: ``backward`` always makes its two passes (the benchmark's A/B)
-
-
-def applies(weight_shape, geometry) -> bool:
-    """A 1x1 kernel with no padding (any stride; dilation means nothing at 1x1)."""
-    (kh, kw), _, (ph, pw), _ = geometry
-    return (kh, kw) == (1, 1) and (ph, pw) == (0, 0) and len(weight_shape) == 4
-
-
-def workspace_elements(x_shape, out: int, out_plane: int, chunk: int, strided: bool,
-                       slots: int = 1) -> int:
-    """Float elements the workspace must hold for ``chunk`` samples (``slots`` per product of
-    the forward and the input gradient): the side-by-side columns of ``dy`` and ``x`` where a
-    plane is short, a gathered sub-grid of ``x`` (or of ``dx``) where the convolution is
-    strided, nothing otherwise."""
-    channels = x_shape[1]
-    if out_plane < SHORT_PLANE:
-        return (channels + out) * _room(chunk, out_plane, slots)
-    return chunk * channels * out_plane if strided else 0
-
-
-def _room(chunk: int, plane: int, slots: int) -> int:
-    """Columns per row the short-plane workspace holds: a chunk's, or a slotted product's."""
-    return max(chunk * plane, slotted.width(slots, plane) if slots > 1 else 0)
 
 
 def _strided(geometry) -> bool:
@@ -101,7 +70,7 @@ def forward(x, weight, bias, y, work, chunk, geometry, slots: int = 1) -> None:
     y3 = y.reshape(samples, out, -1)
     if slots > 1:
         plane = y3.shape[2]
-        room, width = _room(chunk, plane, slots), slotted.width(slots, plane)
+        room, width = columns_held(chunk, plane, slots), slotted.width(slots, plane)
         for n0 in range(0, samples, slots):
             n1 = min(samples, n0 + slots)
             x_t, product = _columns(work, room, x.shape[1], out, width)
@@ -130,7 +99,7 @@ def input_grad(dy, weight, dx, work, chunk, geometry, slots: int = 1, add: bool 
         matmul(wt, dy3, out=dx.reshape(samples, channels, -1), accumulate=add)
         return
     step = slots if slots > 1 else chunk
-    room, width = _room(chunk, out_h * out_w, slots), slotted.width(slots, out_h * out_w)
+    room, width = columns_held(chunk, out_h * out_w, slots), slotted.width(slots, out_h * out_w)
     for n0 in range(0, samples, step):
         n1 = min(samples, n0 + step)
         if slots > 1:

@@ -12,6 +12,8 @@ import llvmlite.binding as llvm_binding
 from llvmlite import ir
 from numba.core import cgutils
 
+from .rules import SIZE_LANES
+
 __all__ = ["VL", "SIZE_LANES", "MASK_REGISTERS", "REGISTERS", "BLOCK", "F32", "I32", "I64",
            "Vectors", "host_vector_lanes", "IR_VERSION", "variant"]
 
@@ -37,9 +39,6 @@ REGISTERS = 32 if VL == 16 else 16
 # (``conv``'s forward, ``input_grad``'s lanes): with those two and two to spare, 16 of AVX-512's
 # registers and 12 of AVX2's, where 16 spilled (docs/benchmarks.md, "Why the code chose").
 BLOCK = min(16, REGISTERS - 4)
-# The lanes workspaces are sized for, whatever the host takes: the widest (AVX-512's), which
-# needs the most room, so that a layer's workspace, and so a plan, is the same on every host.
-SIZE_LANES = 16
 
 F32, I64, I32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
 

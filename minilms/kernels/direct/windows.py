@@ -34,66 +34,21 @@ from numba import njit, prange
 
 from .. import mkl
 from ..blas_threads import run_workers, sample_runs
-from ..im2col import conv_out_size
 from ..registry import cpu_variant
+from .rules.windows import (  # noqa: F401  (its rules, named as its own)
+    MAX_SLOTS,
+    WINDOWS_CHANNELS,
+    WINDOWS_PLANE,
+    applies,
+    pays,
+    sizes,
+    slot_count,
+    workspace_elements,
+)
 from .weight_grad import bias_grad
 
 __all__ = ["applies", "pays", "MAX_SLOTS", "slot_count", "workspace_elements", "forward",
            "backward"]
-
-
-def applies(weight_shape, geometry) -> bool:
-    """A kernel of more than one tap (any stride, padding and dilation)."""
-    (kh, kw), _, _, _ = geometry
-    return kh * kw > 1 and len(weight_shape) == 4
-
-
-# Measured (scripts/bench_windows.py; docs/benchmarks.md, session 36): the windows beat both
-# im2col + GEMM and the direct kernels on output planes of at least WINDOWS_PLANE with at least
-# WINDOWS_CHANNELS input channels: alone by 1.05-1.5x (ResNet-50's and GoogLeNet's 3x3s from
-# 56x56 to 14x14, ResNet's stride-2 3x3 into 28x28); in the net by 1.02-1.10x an iteration, the
-# 14x14 layers' share 0.97-1.06x (five A/Bs: even, within this VM's noise; the workspace is
-# smaller). On 7x7 a sample's GEMMs are too short (im2col + GEMM wins by up to 1.6x), and with
-# 16-32 channels (GoogLeNet's 5x5s) the direct kernels do.
-WINDOWS_PLANE = 14 * 14
-WINDOWS_CHANNELS = 48
-
-
-def pays(weight_shape, geometry, out_plane: int) -> bool:
-    """Where the windows measured faster than the other paths (above); ``weight_shape`` ``[O,
-    C, kh, kw]``, ``out_plane`` the output's ``OH * OW``."""
-    return applies(weight_shape, geometry) and out_plane >= WINDOWS_PLANE and \
-        weight_shape[1] >= WINDOWS_CHANNELS
-
-
-def _sizes(x_shape, weight_shape, geometry):
-    """``(rows of a phase Q, out_h, out_w, a sample's xw elements, the weight's)``."""
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
-    channels, height, width = x_shape[1:]
-    out_h, out_w = conv_out_size(height, kh, sh, ph, dh), conv_out_size(width, kw, sw, pw, dw)
-    rows = out_h + (kh - 1) * dh // sh      # the last tap row's window ends at the last row
-    return (rows, out_h, out_w, channels * kw * sh * rows * out_w,
-            weight_shape[0] * channels * kh * kw)
-
-
-# At most this many workers (a slot each in the workspace). A fixed number, not the threads': the
-# workspace, and so a plan, must not depend on the machine that makes it. More slots than
-# threads stand empty (a sample's xw each).
-MAX_SLOTS = 8
-
-
-def workspace_elements(x_shape, weight_shape, geometry, slots: int) -> int:
-    """Float32 elements for ``slots`` workers: the reordered weight and the weight gradient's
-    ``[kh, O, C * kw]``, then a slot per worker for the ``xw`` of the sample it is on (``dxw``
-    after it)."""
-    _, _, _, copy, weight = _sizes(x_shape, weight_shape, geometry)
-    return 2 * weight + slots * copy
-
-
-def slot_count(x_shape, weight_shape, geometry, elements: int) -> int:
-    """The slots ``elements`` hold: at most ``MAX_SLOTS`` and the batch (0: not even one)."""
-    _, _, _, copy, weight = _sizes(x_shape, weight_shape, geometry)
-    return max(0, min(x_shape[0], MAX_SLOTS, (elements - 2 * weight) // copy))
 
 
 def _shift_copy(x, xw, sh, sw, ph, pw, dw):
@@ -177,7 +132,7 @@ class _Shape:
 
     def __init__(self, work, slots, x_shape, weight_shape, geometry):
         (kh, kw), (sh, self.sw), (self.ph, self.pw), (dh, self.dw) = geometry
-        rows, out_h, out_w, copy, weight = _sizes(x_shape, weight_shape, geometry)
+        rows, out_h, out_w, copy, weight = sizes(x_shape, weight_shape, geometry)
         out, channels = weight_shape[0], x_shape[1]
         self.sh, self.out, self.plane = sh, out, out_h * out_w
         self.reordered = work[:weight].reshape(kh, out, channels * kw)

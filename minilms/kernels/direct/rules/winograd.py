@@ -1,0 +1,137 @@
+"""Where Winograd's convolutions pay, their tiles, blocks and workers, and the workspace they take
+(``direct.winograd`` runs them)."""
+import numpy as np
+
+__all__ = ["applies", "pays", "WINOGRAD_PLANE", "WINOGRAD_CHANNELS", "tile_size", "MIN_TILES_4",
+           "MAX_SLOTS", "MAX_BLOCK", "GROUP_TILES", "BAND_WORKER", "Layout", "layouts_of",
+           "kernel_size", "workspace_elements", "slot_count", "work_units"]
+
+
+def applies(weight_shape, geometry) -> bool:
+    """3x3, stride 1, no dilation, the same padding of at most 2 on every side (``dx``'s is
+    ``2 - pad``)."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
+    return (len(weight_shape) == 4 and (kh, kw, sh, sw, dh, dw) == (3, 3, 1, 1, 1, 1)
+            and ph == pw and 0 <= ph <= 2)
+
+
+# Measured (scripts/bench_winograd.py; docs/benchmarks.md): faster than the row windows on
+# output planes of at least WINOGRAD_PLANE with at least WINOGRAD_CHANNELS channels in and out.
+WINOGRAD_PLANE = 14 * 14
+WINOGRAD_CHANNELS = 48
+
+
+def pays(weight_shape, geometry, out_plane: int) -> bool:
+    """Where it measured faster than the other paths (above)."""
+    return applies(weight_shape, geometry) and out_plane >= WINOGRAD_PLANE and \
+        min(weight_shape[0], weight_shape[1]) >= WINOGRAD_CHANNELS
+
+
+def tile_size(weight_shape, out_hw) -> int:
+    """m: 4 where 4x4 tiles cover the plane as closely as 2x2 ones and there are at least
+    ``MIN_TILES_4`` of them (56x56, 28x28), else 2 (14x14, 7x7): where each measured faster
+    (docs/benchmarks.md, session 38)."""
+    tiles4 = -(-out_hw[0] // 4) * -(-out_hw[1] // 4)
+    cover4 = 16 * tiles4
+    cover2 = (-(-out_hw[0] // 2) * 2) * (-(-out_hw[1] // 2) * 2)
+    return 4 if cover4 <= cover2 and tiles4 >= MIN_TILES_4 else 2
+
+
+MIN_TILES_4 = 32
+
+
+# At most this many workers, each with its buffers in the workspace: as windows.MAX_SLOTS, a
+# fixed number, so that the workspace (and so a plan) does not depend on the machine's threads.
+MAX_SLOTS = 4
+MAX_BLOCK = 256     # tiles per block at most: a sample's tiles in equal blocks
+GROUP_TILES = 128   # a plane of fewer tiles goes in a group of samples, about this many tiles
+# A worker's buffers, float32 elements, above which it turns a sample in bands of tile rows
+# rather than whole (the largest at 224x224, GoogLeNet's conv3, hold 2.6M; at 2240x2240 a whole
+# plane's copies alone are 20M and more).
+BAND_WORKER = 4 << 20
+
+
+class Layout:
+    """One direction's sizes (``x`` to ``y``, or ``dy`` to ``dx``) for a layer of ``batch``
+    samples: tiles, blocks and a worker's buffers, channels last. A block is a part of a sample's
+    tiles or, on a small plane, the tiles of a group of ``group`` samples (the rows of a missing
+    sample's 0, so that a block's GEMMs always have the same shape, whatever the chunk). Per
+    worker: the inputs padded, ``xt [group, m th + 2, m tw + 2, C]``, a block's ``V [a^2, block,
+    C]`` and ``M [a^2, block, O]``, the outputs ``yt [group, m th, m tw, O]``. On a plane whose
+    worker would hold more than ``BAND_WORKER`` elements (2240x2240 images) a worker turns a
+    sample in ``bands`` bands of ``band_rows`` tile rows (``th`` above; the last band may have
+    fewer), each a unit of work of its own; its blocks are a band's tiles, evened."""
+
+    def __init__(self, in_shape, out_shape, m, batch):
+        self.m, self.alpha = m, m + 2
+        self.channels, self.out = in_shape[1], out_shape[1]
+        self.tiles_h, self.tiles_w = -(-out_shape[2] // m), -(-out_shape[3] // m)
+        self.tiles = tiles = self.tiles_h * self.tiles_w
+        self.group = 1
+        if tiles < GROUP_TILES:     # evened out over the batch, and a group for each worker
+            most = max(1, min(GROUP_TILES // tiles, batch // MAX_SLOTS))
+            self.group = -(-batch // -(-batch // most))
+        self.band_rows, self.bands = self.tiles_h, 1
+        self._size(self.tiles_h)
+        if self.group == 1 and self.worker > BAND_WORKER:
+            self.band_rows = next((rows for rows in range(self.tiles_h - 1, 1, -1)
+                                   if self._size(rows) <= BAND_WORKER), 1)
+            self.bands = -(-self.tiles_h // self.band_rows)
+            self._size(self.band_rows)
+
+    def _size(self, band_rows: int) -> int:
+        """The buffers for bands of ``band_rows`` tile rows (``shapes``, ``worker``)."""
+        m, tw, k, g = self.m, self.tiles_w, self.alpha ** 2, self.group
+        band = band_rows * tw                                       # a band's tiles
+        self.sample_block = -(-band // -(-band // MAX_BLOCK))      # evened into blocks
+        self.block = g * band if g > 1 else self.sample_block
+        self.shapes = ((g, m * band_rows + 2, m * tw + 2, self.channels),
+                       (k, self.block, self.channels), (k, self.block, self.out),
+                       (g, m * band_rows, m * tw, self.out))
+        self.worker = sum(int(np.prod(s)) for s in self.shapes)
+        return self.worker
+
+    def buffers(self, room):
+        """``room`` (``self.worker`` elements) as ``xt, V, M, yt``."""
+        arrays, at = [], 0
+        for shape in self.shapes:
+            size = int(np.prod(shape))
+            arrays.append(room[at:at + size].reshape(shape))
+            at += size
+        return arrays
+
+
+def layouts_of(x_shape, weight_shape, pad, batch=None):
+    """The forward's and the input gradient's layouts (``dx`` is the forward of ``dy``) for a
+    layer of ``batch`` samples (default ``x_shape``'s: a chunk's layouts are its layer's)."""
+    batch = x_shape[0] if batch is None else batch
+    out = (x_shape[0], weight_shape[0], x_shape[2] + 2 * pad - 2, x_shape[3] + 2 * pad - 2)
+    m = tile_size(weight_shape, out[2:])
+    return Layout(x_shape, out, m, batch), Layout(out, x_shape, m, batch)
+
+
+def kernel_size(weight_shape, m):
+    return (m + 2) ** 2 * weight_shape[0] * weight_shape[1]
+
+
+def workspace_elements(x_shape, weight_shape, pad, slots: int) -> int:
+    """``U`` and the first worker's ``dW`` sums (``a^2 O C`` each), then each worker's buffers
+    (the larger of the forward's and ``dx``'s)."""
+    layouts = layouts_of(x_shape, weight_shape, pad)
+    return 2 * kernel_size(weight_shape, layouts[0].m) + slots * max(
+        layout.worker for layout in layouts)
+
+
+def slot_count(x_shape, weight_shape, pad, elements: int) -> int:
+    """The workers ``elements`` hold: at most ``MAX_SLOTS`` and the batch's groups (0: not even
+    one)."""
+    layouts = layouts_of(x_shape, weight_shape, pad)
+    kernel = kernel_size(weight_shape, layouts[0].m)
+    units = min(work_units(x_shape[0], layout) for layout in layouts)
+    return max(0, min(MAX_SLOTS, units, (elements - 2 * kernel) //
+                      max(layout.worker for layout in layouts)))
+
+
+def work_units(samples: int, layout) -> int:
+    """The units of work ``samples`` make: groups of samples, or bands of a sample's tiles."""
+    return -(-samples // layout.group) * layout.bands

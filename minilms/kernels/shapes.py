@@ -1,0 +1,87 @@
+"""What planning asks of the kernel families, in a module that compiles nothing: a convolution's
+and a pooling's output extent, how many samples share one product (``slotted``), the shapes of
+batch norm's sums.
+
+A layer sizes its outputs and workspace from these when it is set up, and planning sets up every
+layer of a net and runs none: so ``python -m minilms.plan`` never imports numba, which every
+family compiles with (``minilms.lazy``). The families import them from here, and name them as
+their own (``im2col.conv_out_size``, ``slotted.count``, ``batchnorm_sums.stats_shape``); the
+direct convolutions' rules are ``direct.rules``.
+"""
+__all__ = ["conv_out_size", "pool_output_size", "SHORT_PLANE", "MIN_PLANE", "MIN_WEIGHT",
+           "SLOT_COLUMNS", "ALIGN", "count", "width", "PIECE", "pieces", "stats_shape",
+           "cpu_stats_shape"]
+
+
+# -- im2col ----------------------------------------------------------------------------------------
+def conv_out_size(size, kernel, stride=1, padding=0, dilation=1) -> int:
+    """Output extent along one axis:
+    ``(size + 2 padding - dilation (kernel - 1) - 1) // stride + 1``."""
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+# -- pooling ---------------------------------------------------------------------------------------
+def pool_output_size(size: int, kernel: int, stride: int, pad: int, ceil_mode=False) -> int:
+    """Output length of one spatial axis (``kernels.pooling``'s docstring)."""
+    if kernel < 1 or stride < 1 or pad < 0 or pad > kernel // 2:
+        raise ValueError(f"bad pooling kernel={kernel} stride={stride} pad={pad} "
+                         "(need kernel, stride >= 1 and 0 <= pad <= kernel // 2)")
+    span = size + 2 * pad - kernel
+    if span < 0:
+        raise ValueError(f"pooling kernel {kernel} larger than padded input {size + 2 * pad}")
+    out = (span + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+# -- slotted: samples side by side in one product --------------------------------------------------
+# Planes below SHORT_PLANE go into slots, enough of them for about SLOT_COLUMNS columns (8 on a
+# 7x7 plane). What slots save is reading the weight once per sample, so a weight below
+# MIN_WEIGHT elements (2 MiB, a core's L2 on the machines measured) stays per sample, as do
+# planes below MIN_PLANE pixels (rounding the width up to ALIGN columns would be most of the
+# product); both keep small nets' products, and workspaces, as they were. The measurements behind
+# each bound: docs/benchmarks.md, session 37 and "Why the code chose".
+SHORT_PLANE = 128
+MIN_PLANE = 16
+MIN_WEIGHT = 2**19
+SLOT_COLUMNS = 384
+ALIGN = 16
+
+
+def count(plane: int, batch: int, chunk: int, weight: int) -> int:
+    """Samples per product for a layer of ``batch`` samples whose workspace holds ``chunk``
+    samples' columns, with a ``weight`` of that many elements (``[O, K]``): 1 (a product per
+    sample) on planes of ``SHORT_PLANE`` and more, or of fewer than ``MIN_PLANE``, or with a
+    weight below ``MIN_WEIGHT``; otherwise enough for about ``SLOT_COLUMNS`` columns, at most
+    ``chunk``, evened out over the batch (10 samples take two products of 5, not 8 and 2 with 6
+    slots empty)."""
+    if not MIN_PLANE <= plane < SHORT_PLANE or weight < MIN_WEIGHT or chunk < 2 or batch < 2:
+        return 1
+    want = min(chunk, batch, -(-SLOT_COLUMNS // plane))
+    products = -(-batch // want)
+    return -(-batch // products)
+
+
+def width(slots: int, plane: int) -> int:
+    """The columns of a product over ``slots`` samples' planes: rounded up to ``ALIGN``."""
+    return -(-slots * plane // ALIGN) * ALIGN
+
+
+# -- batch norm's sums -----------------------------------------------------------------------------
+PIECE = 2048         # values of a row one warp adds: 64 a lane
+
+
+def pieces(hw: int) -> int:
+    """``P``: the pieces a row of ``hw`` values is cut into (at least one)."""
+    return max(1, -(-hw // PIECE))
+
+
+def stats_shape(channels: int, samples: int, hw: int) -> tuple:
+    """The float64 ``stats`` of a batch of ``samples`` with ``hw`` values a row."""
+    return (2, channels, samples * pieces(hw) + 1)
+
+
+def cpu_stats_shape(channels: int) -> tuple:
+    """The float64 carry of a split step's sums on the ``cpu`` device: two per channel."""
+    return (2, channels, 1)
