@@ -1,6 +1,7 @@
 """``lms.forked``: work shared with a forked child (each item taken by whichever process is
 free), the results in order, the child's failure made good here, one least number both see;
-and ``policy: auto`` choosing the same plan with the child as without it."""
+work started in a child and its value taken later; and ``policy: auto`` choosing the same plan
+with the child as without it."""
 import os
 import threading
 import time
@@ -99,6 +100,43 @@ def test_the_least_offered_is_seen_by_both_processes():
         return least.value()
     forked.map_forked(work, list(range(10)), fork=True)
     assert least.value() == 2.0
+
+
+@needs_fork
+def test_started_work_runs_in_a_child_beside_this_process():
+    """``started``: the work runs in a child while this process goes on (both sleep at once:
+    the two together take about one sleep, not two), and its JSON value comes back."""
+    here = os.getpid()
+    begun = time.perf_counter()
+    result = forked.started(lambda: (time.sleep(0.3), [os.getpid(), 1 / 3])[1], fork=True)
+    time.sleep(0.3)
+    pid, third = result()
+    assert pid != here and third == 1 / 3
+    assert time.perf_counter() - begun < 0.55
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)                # reaped
+
+
+def test_started_work_without_a_child_runs_here_when_asked_for():
+    here = os.getpid()
+    calls = []
+    result = forked.started(lambda: calls.append(os.getpid()) or len(calls), fork=False)
+    assert calls == []                            # not yet: when its value is asked for
+    assert result() == 1 and calls == [here]
+
+
+@needs_fork
+@pytest.mark.parametrize("failure", ["raises", "not json"])
+def test_started_work_that_fails_in_the_child_is_done_here(failure):
+    here = os.getpid()
+
+    def work():
+        if os.getpid() != here:
+            if failure == "raises":
+                raise RuntimeError("a planted failure in the child")
+            return object()
+        return "here"
+    assert forked.started(work, fork=True)() == "here"
 
 
 def test_more_items_than_the_queue_holds_run_here():

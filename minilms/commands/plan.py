@@ -37,6 +37,7 @@ from ..lms.bounds import (
     working_set_bytes,
 )
 from ..lms.cost import plan_for, simulate
+from ..lms.forked import started
 from ..lms.host import host_memory, loader_batches, process_resident
 from ..lms.plan import Plan
 from ..lms.planner import make_plan
@@ -139,8 +140,8 @@ def report(config, link=None, summary: bool = False, least_split: bool = False) 
     link = parse_link(link, "--link") if link is not None else parse_link(config.device.link)
     model = cost_model(config, link)
     policy = lms_policy(config)
-    least = least_pool(least_net, least_steps, replace(policy, split="off"),
-                       SUMMARY_PRECISION)
+    least = started(lambda: least_pool(least_net, least_steps, replace(policy, split="off"),
+                                       SUMMARY_PRECISION))     # beside auto's planning
     splits = policy.enabled and policy.max_chunks != 1
     floor, floor_step = split_floor(least_net, least_steps, policy)
     searched = least_split_pool(least_net, least_steps, policy, SUMMARY_PRECISION) \
@@ -151,8 +152,9 @@ def report(config, link=None, summary: bool = False, least_split: bool = False) 
     except PlanError as error:
         split = "" if not splits else f", {format_bytes(searched)} with steps split" \
             if searched else f", at least {format_bytes(floor)} with steps split"
-        raise PlanError(f"{error} (LMS needs at least {format_bytes(least)}{split}; LMS off "
+        raise PlanError(f"{error} (LMS needs at least {format_bytes(least())}{split}; LMS off "
                         f"{format_bytes(everything)})") from None
+    least = least()
     steps = net.schedule(states)
     inputs = ", ".join(f"{k} {list(v[0])}" for k, v in net.inputs.items())
     out = [f"minilms plan: {config.name}: {len(net.layers)} layers, {len(steps)} steps, "

@@ -1,5 +1,5 @@
-"""A list of pure-Python work shared with a forked child: each item done by whichever process is
-free next.
+"""Pure-Python work shared with a forked child: a list, each item done by whichever process is
+free next; or one piece begun in the child while this process goes on.
 
 ``policy: auto`` plans a few dozen candidates, one after another, in Python: seconds for the
 largest nets (``docs/benchmarks.md``, "Start-up: planning a large net"), on one core of the two
@@ -11,7 +11,9 @@ parent's memory (the net, its liveness) without copying it, and sends back only 
 neither waits while the other still has work, however unequal the items are. ``work`` returns a
 JSON value (no pickle crosses the pipe). A ``SharedLeast`` made before the call is one number
 both processes see and lower as they go: ``auto``'s best time so far, against which either
-process cuts its candidates short.
+process cuts its candidates short. ``started(work)`` runs one piece of work in a child beside
+whatever this process does next, and hands back its value when asked (``minilms.plan``'s least
+pool, searched while ``auto`` plans).
 
 The child is used only where it is safe and can help: ``fork`` exists, this process runs one
 thread (a fork copies only the calling thread; a lock another one held would stay held in the
@@ -24,7 +26,7 @@ import os
 import struct
 import threading
 
-__all__ = ["can_fork", "map_forked", "SharedLeast"]
+__all__ = ["can_fork", "map_forked", "started", "SharedLeast"]
 
 _INDEX = struct.Struct("<I")    # one queued item: its index, in one atomic pipe read
 _QUEUE_LIMIT = 4096             # items beyond it would not fit a pipe's buffer: no child then
@@ -103,6 +105,44 @@ def map_forked(work, items: list, fork: bool | None = None) -> list:
         pass
     # what the child took and did not bring back (it failed): done here
     return [results[i] if i in results else work(items[i]) for i in range(len(items))]
+
+
+def started(work, fork: bool | None = None):
+    """``work()`` begun now in a forked child, beside what this process does next (where
+    ``fork``, default ``can_fork()``); returns a function that waits for the child and returns
+    ``work()``'s value (JSON), or runs ``work()`` here where there is no child or it failed.
+    ``minilms.plan`` searches for the least pool this way while ``auto`` plans: two
+    computations that need each other's results only at the end."""
+    if fork is None:
+        fork = can_fork()
+    if not fork:
+        return work
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(read)
+            with os.fdopen(write, "w") as pipe:
+                json.dump([work()], pipe)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+
+    def result():
+        try:
+            with os.fdopen(read) as pipe:
+                text = pipe.read()
+        finally:
+            _, status = os.waitpid(pid, 0)
+        try:
+            if status == 0:
+                return json.loads(text)[0]
+        except (ValueError, IndexError):
+            pass
+        return work()
+    return result
 
 
 def _taken(queue: int):
