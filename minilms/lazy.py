@@ -10,7 +10,9 @@ modules that do not compile (``kernels.shapes``, ``kernels.direct.rules``). ``mi
 does the same one level down, for numba's CUDA target.
 
 The import itself is Python's (``importlib.import_module``), with its per-module lock: two threads
-that use a family first at the same moment import it once.
+that use a family first at the same moment import it once. Once imported, the stand-in shares the
+module's own namespace (its ``__dict__`` is the module's), so a name is read as fast as from the
+module itself, and what is rebound in the module (a test's monkeypatch) is seen through it.
 """
 import importlib
 
@@ -18,22 +20,21 @@ __all__ = ["LazyModule"]
 
 
 class LazyModule:
-    """Stands for the module ``name``: any attribute imports it (once) and is read from it."""
+    """Stands for the module ``name``: its first attribute read imports it; then its namespace is
+    this object's."""
 
-    __slots__ = ("_name", "_module")
+    __slots__ = ("_name", "__dict__")
 
     def __init__(self, name: str):
         self._name = name
-        self._module = None
 
-    def __getattr__(self, attribute: str):
+    def __getattr__(self, attribute: str):     # a name not (yet) in the shared namespace
         if attribute.startswith("__"):       # probes (copy, inspect, pytest) import nothing
             raise AttributeError(attribute)
-        module = self._module
-        if module is None:
-            module = self._module = importlib.import_module(self._name)
+        module = importlib.import_module(self._name)
+        self.__dict__ = module.__dict__
         return getattr(module, attribute)
 
     def __repr__(self):
-        state = "imported" if self._module is not None else "not imported yet"
+        state = "imported" if self.__dict__ else "not imported yet"
         return f"<lazy module {self._name} ({state})>"

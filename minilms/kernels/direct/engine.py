@@ -15,7 +15,7 @@ by kernel.
 It covers float32 convolutions without groups on the ``cpu`` device; anything else (float64, the
 gradient checks; groups; ``cuda``) is left whole to the reference.
 """
-from ...lazy import LazyModule
+from .. import families
 from ..registry import on_cpu
 from ..shapes import conv_out_size, count
 from . import rules
@@ -23,9 +23,9 @@ from .rules import SIZE_LANES
 
 # The paths' kernels, imported with the first one that runs (``minilms.lazy``): what the engine
 # decides as a layer is set up reads their rules alone (``rules``), and planning runs no kernel.
-bands, conv, input_grad, pointwise, weight_grad, windows, winograd = (
-    LazyModule(f"{__package__}.{name}") for name in
-    ("bands", "conv", "input_grad", "pointwise", "weight_grad", "windows", "winograd"))
+bands, conv, input_grad, pointwise, weight_grad, windows, winograd = families(
+    "direct.bands", "direct.conv", "direct.input_grad", "direct.pointwise", "direct.weight_grad",
+    "direct.windows", "direct.winograd")
 
 __all__ = ["DirectConvolution"]
 

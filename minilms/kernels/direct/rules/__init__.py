@@ -10,6 +10,7 @@ lanes pay on more layers with 8 lanes): LLVM's answer (``vector_ir.VL``) once th
 imported, and before, the same answer read from the processor's flags without loading LLVM.
 """
 import sys
+from functools import lru_cache
 
 __all__ = ["SIZE_LANES", "host_lanes", "bands", "conv", "input_grad", "pointwise",
            "weight_grad", "windows", "winograd"]
@@ -32,7 +33,8 @@ def host_lanes() -> int:
     return 16 if "avx512f" in flags else 8
 
 
-def _cpu_flags() -> set | None:
+@lru_cache(maxsize=1)     # read once: a net's setup asks for each layer
+def _cpu_flags() -> frozenset | None:
     """The first processor's feature flags in /proc/cpuinfo, or None where there is none. The
     kernel lists a feature only where the processor has it and the kernel saves its registers,
     as LLVM's host feature map has it on only then."""
@@ -40,7 +42,7 @@ def _cpu_flags() -> set | None:
         with open("/proc/cpuinfo") as info:
             for line in info:
                 if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         return None
     return None
