@@ -2,6 +2,7 @@
 
     python scripts/bench_startup.py [--config configs/quickstart.yaml] [--repeat 2]
                                     [--overrides trace=false data.val_size=0] [--smoke]
+                                    [--warm-only]
 
 Each measurement is a whole process, ``python -m minilms.train CONFIG train.max_iters=N
 OVERRIDES --quiet run_dir=<temporary>``, timed from launch to exit: nothing in the library is
@@ -30,7 +31,10 @@ With ``--repeat R`` the whole sequence (cold t(1), warm t(1), warm t(1+N), impor
 each with its own fresh cache directory; the best of each column is reported (the machine may be
 shared; the best is the least disturbed). Goal: to the first step under 5 s warm. ``--smoke``: a
 tiny config (the quickstart with 64 training images, batch 8, no validation) written to a
-temporary directory, one cold and one warm t(1).
+temporary directory, one cold and one warm t(1). ``--warm-only``: no cold run, and the warm runs
+use the Numba cache the user has (``NUMBA_CACHE_DIR``, or the package's own ``__pycache__``)
+instead of a fresh one: start-up as a second run of the day sees it, without the minute or more
+that compiling every kernel takes on a 2-core machine.
 """
 import argparse
 import os
@@ -110,6 +114,13 @@ runpy.run_module("minilms.train", run_name="__main__")
 """
 
 
+def cache_env(cache_dir) -> dict:
+    """The environment with Numba's cache in ``cache_dir``; None: the cache the user has (their
+    ``NUMBA_CACHE_DIR``, or the package's own ``__pycache__``)."""
+    return dict(os.environ) if cache_dir is None else dict(os.environ,
+                                                         NUMBA_CACHE_DIR=str(cache_dir))
+
+
 def train_time(config, overrides, iters, cache_dir, scratch, to_step: list | None = None
                ) -> float:
     """Seconds the whole ``python -m minilms.train`` process took; with ``to_step`` (a list), the
@@ -119,7 +130,7 @@ def train_time(config, overrides, iters, cache_dir, scratch, to_step: list | Non
     command = ([sys.executable, "-c", MARK_FIRST_STEP] if to_step is not None else
                [sys.executable, "-m", "minilms.train"]) + args
     output: list = []
-    seconds = timed(command, dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir)), output=output)
+    seconds = timed(command, cache_env(cache_dir), output=output)
     if to_step is not None:
         marks = re.findall(r"^FIRST-STEP ([\d.]+)$", output[0], re.M)
         if not marks:
@@ -133,12 +144,12 @@ def plan_time(config, overrides, cache_dir) -> float:
     spends planning (the trainer plans the same schedule in the same pool), and then some (the
     command also searches the least pool and plans again without prefetch)."""
     command = [sys.executable, "-m", "minilms.plan", str(config), *overrides, "--summary"]
-    return timed(command, dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir)))
+    return timed(command, cache_env(cache_dir))
 
 
 def import_time(cache_dir) -> float:
     return timed([sys.executable, "-c", "import minilms.commands.train, minilms.training.trainer"],
-                 dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir)))
+                 cache_env(cache_dir))
 
 
 def tiny_config(scratch: Path) -> Path:
@@ -171,6 +182,9 @@ def main(argv=None) -> int:
     p.add_argument("--more", type=int, default=1, metavar="N",
                    help="one step = (t(1 + N) - t(1)) / N; default 1: t(2) - t(1)")
     p.add_argument("--smoke", action="store_true", help="tiny config, one cold and one warm run")
+    p.add_argument("--warm-only", action="store_true",
+                   help="no cold run: the warm runs use the Numba cache you have (NUMBA_CACHE_DIR, "
+                        "or the package's own), not a fresh one")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as scratch_name:
         scratch = Path(scratch_name)
@@ -188,8 +202,9 @@ def main(argv=None) -> int:
         try:
             for attempt in range(repeat):
                 print(f"... sequence {attempt + 1}/{repeat}", file=sys.stderr, flush=True)
-                cache = Path(tempfile.mkdtemp(prefix="numba-cache-", dir=scratch))
-                cold = train_time(config, overrides, 1, cache, scratch)
+                cache = (None if args.warm_only else
+                         Path(tempfile.mkdtemp(prefix="numba-cache-", dir=scratch)))
+                cold = None if args.warm_only else train_time(config, overrides, 1, cache, scratch)
                 to_step: list = []
                 warm = train_time(config, overrides, 1, cache, scratch, to_step)
                 warm2 = None if args.smoke else train_time(config, overrides, 1 + more, cache,
@@ -215,9 +230,10 @@ def main(argv=None) -> int:
            "t(2) - t(1), warm; a small net's step may be below the run-to-run noise: "
            "--more 20 averages over 20" if more == 1 else
            f"(t({1 + more}) - t(1)) / {more}, warm")
-    print(f"\ntime to the first step: cold {best[0]:.2f} s, warm {best[1]:.2f} s; one step "
-          f"{fmt(step)} s ({how}); compiling with an empty cache costs "
-          f"{best[0] - best[1]:.2f} s")
+    compiling = ("not measured (--warm-only)" if best[0] is None else
+                 f"{best[0] - best[1]:.2f} s")
+    print(f"\ntime to the first step: cold {fmt(best[0])} s, warm {best[1]:.2f} s; one step "
+          f"{fmt(step)} s ({how}); compiling with an empty cache costs {compiling}")
     if best[4] is not None:
         print(f"planning: python -m minilms.plan {shown} {' '.join(overrides)} --summary, whole "
               f"process, warm: {best[4]:.2f} s (import only {best[3]:.2f} s)")

@@ -35,6 +35,7 @@ def test_bench_vs_torch_without_torch_exits_0(capsys, monkeypatch):
     assert len(out.strip().splitlines()) == 1
 
 
+@pytest.mark.slow     # compiles every kernel of the quickstart into an empty cache: 1.5 minutes
 def test_bench_startup_smoke(capsys):
     assert run_script("bench_startup.py", "--smoke") == 0
     out = capsys.readouterr().out
@@ -45,6 +46,17 @@ def test_bench_startup_smoke(capsys):
     assert "compiled in every process, warm or not, on first call (cache=False)" in out
     assert re.search(r"goal: time to the first step under 5 s warm: [\d.]+ s from launch to the "
                      r"first iteration's start \((met|not met); the whole warm t\(1\) process", out)
+
+
+def test_bench_startup_warm_only_smoke(capsys):
+    """The cache the user has (CI's quickstart run filled it), no cold run: its columns say so."""
+    assert run_script("bench_startup.py", "--smoke", "--warm-only") == 0
+    out = capsys.readouterr().out
+    best = re.search(r"^best +- +([\d.]+) +- +- +- +([\d.]+)$", out, re.M)
+    assert best and 0 < float(best.group(2)) < float(best.group(1)), out
+    assert re.search(r"cold - s, warm [\d.]+ s; .* compiling with an empty cache costs not "
+                     r"measured \(--warm-only\)", out)
+    assert re.search(r"goal: time to the first step under 5 s warm: [\d.]+ s", out)
 
 
 def test_bench_startup_lists_uncached_kernels():

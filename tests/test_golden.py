@@ -150,8 +150,14 @@ def make_solver(spec: dict):
     return {"SGD": SGD, "Adam": Adam}[spec["type"]](**options)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("name", NET_CASES)
+# Adam's kernel is checked on CUDA against the CPU's (tests/kernels/test_optimizers.py); under
+# the simulator the nets with SGD are enough to check training on CUDA whole
+NET_RUNS = [pytest.param(name, kind, marks=(pytest.mark.cuda,) + (
+    (pytest.mark.simulator_slow,) if FIXTURES[name]["solver"]["type"] == "Adam" else ()))
+    if kind == "cuda" else (name, kind) for name in NET_CASES for kind in ("cpu", "cuda")]
+
+
+@pytest.mark.parametrize(("name", "kind"), NET_RUNS)
 def test_net_trains_like_pytorch(name, kind):
     """The fixture's layer list as a minilms Net, its parameters set to the stored ones, trained
     step by step on the stored batch: each step's loss and accuracy, then every parameter."""

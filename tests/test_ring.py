@@ -95,7 +95,10 @@ def test_values_read_late_are_those_read_at_once(policy, read):
 
 @pytest.mark.cuda
 @pytest.mark.usefixtures("small_gemm_tile")
-@pytest.mark.parametrize("policy", [POLICIES["off"], POLICIES["default"]], ids=["off", "default"])
+@pytest.mark.parametrize("policy", [
+    # LMS off's stream is every other CUDA test's; under the simulator the LMS one is enough
+    pytest.param(POLICIES["off"], id="off", marks=pytest.mark.simulator_slow),
+    pytest.param(POLICIES["default"], id="default")])
 def test_values_read_late_are_those_read_at_once_on_cuda(policy):
     """On a GPU the kernels and copies of the iterations issued ahead run behind the host for
     real (the simulator runs them as they are issued). Three iterations: the third reuses the
