@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from minilms import zoo
 from minilms.device.link import parse_link
-from minilms.device.pool import ALIGNMENT
+from minilms.device.pool import ALIGNMENT, align_up
 from minilms.errors import ConfigError, PlanError
 from minilms.lms.auto import auto_plan
 from minilms.lms.bounds import (
@@ -81,7 +81,11 @@ def test_every_plan_replays_correctly(name, policy, scale):
         assert "out of device memory" in str(error) and "\n" not in str(error)
         return
     check_plan(plan)
-    assert plan.peak <= plan.capacity
+    assert plan.peak <= plan.extent <= plan.capacity
+    ends = [a.offset + a.size for a in plan.prologue if a.places]
+    ends += [a.offset + a.size for _, a in plan.actions() if a.places]
+    assert all(end <= plan.extent for end in ends) and plan.extent in ends + [
+        offset + align_up(plan.blobs[name].nbytes) for name, offset in plan.pinned.items()]
     if not policy.enabled:
         assert plan.bytes_moved("h2d") == sum(net.blobs[n].nbytes for n in plan.host_inputs)
 

@@ -197,5 +197,15 @@ class Plan:
                                                          for b in self.pinned)])
 
     @property
+    def extent(self) -> int:
+        """The pool bytes from offset 0 that any of the plan's blobs ever occupies: what it uses
+        of a larger pool."""
+        pinned = [offset + align_up(self.blobs[name].nbytes)
+                  for name, offset in self.pinned.items()]
+        placed = [a.offset + a.size for a in self.prologue if a.places]
+        placed += [a.offset + a.size for _, a in self.actions() if a.places]
+        return max(pinned + placed, default=0)
+
+    @property
     def pinned_bytes(self) -> int:
         return sum(align_up(self.blobs[name].nbytes) for name in self.pinned)

@@ -238,6 +238,9 @@ class LmsExecutor(Executor):
                         plan=program.plan, net=program.net, train=program.train)
         for action in program.plan.prologue:
             self._apply(action, None)
+        # the rest of the pages the plan uses, mapped beside its first iteration (which touches
+        # them all); not sooner: the host's start-up would wait on the memory they take
+        self.device.prefault(program.plan.extent)
 
     def flush(self) -> None:
         """Send the pinned blobs home and leave the pool empty (before switching plans, or to

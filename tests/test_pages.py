@@ -1,0 +1,138 @@
+"""Pages mapped before their first touch (``minilms.device.pages``) and the ``cpu`` device's
+``prefault``: the pages are mapped (the process's resident memory grows by them), nothing in them
+changes, and nothing beyond what was asked is touched."""
+import mmap
+import os
+import platform
+
+import numpy as np
+import pytest
+
+from minilms.device import cpu, make_device, pages
+from minilms.device.pages import PAGE_SIZE, populate, populate_behind, small_pages
+
+MiB = 1 << 20
+
+
+def resident(buffer: np.ndarray) -> int:
+    """The bytes in memory of the mappings ``buffer`` lies in, from /proc/self/smaps (numpy
+    allocates arrays this large with mmap, and may split the mapping where it asks for huge
+    pages)."""
+    low, high = buffer.ctypes.data, buffer.ctypes.data + buffer.nbytes
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split()[0]
+            if "-" in first and not first.endswith(":"):
+                start, end = (int(part, 16) for part in first.split("-"))
+                inside = start < high and low < end
+            elif inside and first == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def kernel_has_populate() -> bool:
+    """Linux 5.14 and on: ``MADV_POPULATE_WRITE``."""
+    if platform.system() != "Linux":
+        return False
+    major, minor = (int(part) for part in platform.release().split(".")[:2])
+    return (major, minor) >= (5, 14)
+
+
+def small_page_buffer(nbytes: int) -> np.ndarray:
+    """Fresh zero pages of 4 KiB: a mapping of its own, kept off huge pages, so a page counts
+    4 KiB in resident memory whatever the machine's huge-page setting."""
+    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buffer.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buffer, np.uint8)
+
+
+needs_linux = pytest.mark.skipif(not os.path.exists("/proc/self/smaps"),
+                                 reason="reads resident memory from /proc/self/smaps (Linux)")
+
+
+@needs_linux
+def test_populate_maps_the_pages_and_changes_nothing():
+    buffer = small_page_buffer(64 * MiB)
+    buffer[5 * MiB] = 7                          # one written before: kept
+    assert resident(buffer) == PAGE_SIZE
+    mapped = populate(buffer, 0, 32 * MiB)
+    assert mapped == kernel_has_populate()
+    if mapped:       # the range asked for (to the pages it starts and ends in), not the buffer
+        assert 32 * MiB - PAGE_SIZE <= resident(buffer) <= 32 * MiB + 2 * PAGE_SIZE
+    assert buffer[5 * MiB] == 7 and np.count_nonzero(buffer) == 1
+
+
+@needs_linux
+def test_populate_behind_maps_the_ranges_on_a_thread_of_its_own():
+    buffer = small_page_buffer(48 * MiB)
+    thread = populate_behind(buffer, [(40 * MiB, 48 * MiB), (0, 20 * MiB + 123)])
+    assert thread.daemon and thread.name == "minilms-populate"
+    thread.join(60)
+    assert not thread.is_alive()
+    if kernel_has_populate():   # 8 MiB and 20 MiB (to the page the range ends in)
+        assert 28 * MiB < resident(buffer) <= 28 * MiB + 4 * PAGE_SIZE
+    assert not np.count_nonzero(buffer)
+
+
+@needs_linux
+def test_populate_takes_an_unaligned_start_and_an_empty_range():
+    buffer = small_page_buffer(8 * MiB)
+    assert populate(buffer, 4 * MiB, 4 * MiB) == kernel_has_populate()
+    assert populate(buffer, 1, 4 * MiB) == kernel_has_populate()   # from the next page boundary
+    if kernel_has_populate():
+        assert resident(buffer) == 4 * MiB - PAGE_SIZE
+    assert not np.count_nonzero(buffer)
+
+
+@pytest.mark.parametrize(("bits", "reclaims"), [
+    ("0110010100000000", True),       # this project's VM: stats, deflate on OOM, reporting
+    ("0110000100000000", False),      # a balloon without free page reporting
+    (None, False)])                   # no balloon at all
+def test_huge_pages_are_left_alone_unless_a_balloon_reports_free_pages(
+        tmp_path, monkeypatch, bits, reclaims):
+    if bits is not None:
+        (tmp_path / "virtio3").mkdir()
+        (tmp_path / "virtio3" / "features").write_text(bits + "\n")
+    (tmp_path / "bind").write_text("")
+    monkeypatch.setattr(pages, "BALLOONS", str(tmp_path))
+    monkeypatch.setattr(pages, "_reclaims", [])
+    assert pages.host_reclaims_huge_pages() is reclaims
+    monkeypatch.setattr(pages, "BALLOONS", str(tmp_path / "absent"))
+    assert pages.host_reclaims_huge_pages() is reclaims      # read once
+
+
+@needs_linux
+def test_small_pages_keeps_a_large_array_off_huge_pages_where_the_host_reclaims_them(
+        monkeypatch):
+    monkeypatch.setattr(pages, "_reclaims", [True])
+    buffer = np.zeros(64 * MiB, np.uint8)       # numpy may ask for huge pages for it
+    assert small_pages(buffer) and not small_pages(np.zeros(pages.HUGE_FROM // 2, np.uint8))
+    buffer[32 * MiB] = 1
+    assert resident(buffer) <= 2 * PAGE_SIZE     # the page touched (and malloc's header)
+    monkeypatch.setattr(pages, "_reclaims", [False])
+    assert not small_pages(np.zeros(64 * MiB, np.uint8))
+
+
+@needs_linux
+def test_the_cpu_device_prefaults_what_it_is_asked_and_not_more(monkeypatch):
+    device = make_device("cpu", 256 * MiB)
+    threads = []
+
+    def counted(buffer, ranges):
+        threads.append(populate_behind(buffer, ranges))
+        return threads[-1]
+    monkeypatch.setattr(cpu, "populate_behind", counted)
+    arena = device._bytes(0, device.capacity)       # (huge pages, where the machine has them)
+    slack = 2 * MiB + PAGE_SIZE
+    device.prefault(40 * MiB)
+    threads[-1].join(60)
+    if kernel_has_populate():
+        assert 40 * MiB <= resident(arena) <= 40 * MiB + slack
+    device.prefault(24 * MiB)           # asked already: nothing more
+    device.prefault(10 * 1024 * MiB)    # beyond the arena: up to its end
+    threads[-1].join(60)
+    assert len(threads) == 2
+    if kernel_has_populate():
+        assert device.capacity <= resident(arena) <= device.capacity + slack
+    assert not np.count_nonzero(arena)
