@@ -127,3 +127,12 @@ def test_a_bad_case_exits_2_naming_the_flag(capsys, script, flag):
     assert run_script(script, flag, "resnet50:224") == 2
     assert capsys.readouterr().err.strip() == (f"{script[:-3]}: {flag}: expected "
                                                "model:size:batch, found 'resnet50:224'")
+
+
+def test_bench_pages_smoke(capsys):
+    assert run_script("bench_pages.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    assert re.search(r"this machine's host reclaims huge pages: (yes|no)", out)
+    assert re.search(r"^numpy +[\d.]+ +[\d.]+ +1\.00x$", out, re.M), out
+    assert re.search(r"^small pages +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
+    assert run_script("bench_pages.py", "--rounds", "0") == 2
