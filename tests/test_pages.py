@@ -136,3 +136,17 @@ def test_the_cpu_device_prefaults_what_it_is_asked_and_not_more(monkeypatch):
     if kernel_has_populate():
         assert device.capacity <= resident(arena) <= device.capacity + slack
     assert not np.count_nonzero(arena)
+
+
+def test_the_cpu_device_maps_the_ranges_asked_first_before_the_rest(monkeypatch):
+    device = make_device("cpu", 64 * MiB)
+    asked = []
+    monkeypatch.setattr(cpu, "populate_behind", lambda buffer, ranges: asked.append(ranges))
+    device.prefault(32 * MiB, [(20 * MiB, 24 * MiB), (2 * MiB, 3 * MiB), (3 * MiB, 5 * MiB),
+                               (4 * MiB, 4 * MiB + 10), (30 * MiB, 40 * MiB), (8 * MiB, 8 * MiB)])
+    # in the arena's order, touching and overlapping ones merged, empty ones left out, none
+    # beyond what is asked; then the whole
+    assert asked == [[[2 * MiB, 5 * MiB], [20 * MiB, 24 * MiB], [30 * MiB, 32 * MiB],
+                      [0, 32 * MiB]]]
+    device.prefault(48 * MiB, [(10 * MiB, 40 * MiB)])   # what is mapped already is not asked
+    assert asked[1] == [[32 * MiB, 40 * MiB], [32 * MiB, 48 * MiB]]

@@ -33,9 +33,10 @@ class Device(ABC):
             raise ValueError(f"{slot.owner}: {nbytes} bytes do not fit its slot of {slot.nbytes}")
         return self._bytes(slot.offset, nbytes).view(dtype).reshape(shape)
 
-    def prefault(self, nbytes: int) -> None:
-        """The buffer's first ``nbytes`` will be used: map them now if that is cheaper than on
-        first touch (the ``cpu`` device's arena). Returns at once; nothing else changes."""
+    def prefault(self, nbytes: int, first=()) -> None:
+        """The buffer's first ``nbytes`` will be used, the ``(start, stop)`` ranges of ``first``
+        before the rest: map them now if that is cheaper than on first touch (the ``cpu``
+        device's arena). Returns at once; nothing else changes."""
 
     @abstractmethod
     def _bytes(self, offset: int, nbytes: int):

@@ -44,13 +44,21 @@ class CpuDevice(Device):
     def _bytes(self, offset: int, nbytes: int):
         return self._arena[offset:offset + nbytes]
 
-    def prefault(self, nbytes: int) -> None:
+    def prefault(self, nbytes: int, first=()) -> None:
         """The arena's first ``nbytes`` mapped on a thread of its own (``pages.populate_behind``),
-        several times faster than a fault a page as the first step touches them, and beside it.
-        Only what a plan uses: the rest of a large arena stays untouched until something does."""
+        the ranges of ``first`` first: several times faster than a fault a page as the host's
+        copies and the first step touch them, and beside them. Only what a plan uses: the rest
+        of a large arena stays untouched until something does."""
         nbytes = min(nbytes, self.capacity)
         if nbytes > self._prefaulted:
-            populate_behind(self._arena, [(self._prefaulted, nbytes)])
+            ranges = []         # ``first`` in the order of the arena, touching ones merged
+            for start, stop in sorted(first):
+                start, stop = max(start, self._prefaulted), min(stop, nbytes)
+                if ranges and start <= ranges[-1][1]:
+                    ranges[-1][1] = max(ranges[-1][1], stop)
+                elif start < stop:
+                    ranges.append([start, stop])
+            populate_behind(self._arena, ranges + [[self._prefaulted, nbytes]])
             self._prefaulted = nbytes
 
     def alloc_host(self, shape, dtype, page_locked: bool = False) -> np.ndarray:

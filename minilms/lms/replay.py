@@ -236,11 +236,12 @@ class LmsExecutor(Executor):
         if events.listening:   # the trace learns the plan it is about to see replayed
             events.emit("plan", program.plan.policy.describe(), program.plan.capacity,
                         plan=program.plan, net=program.net, train=program.train)
+        # the pages the plan uses, mapped beside the prologue (its loads' first) and the first
+        # iteration, which touch them all; not sooner: the host's start-up would wait on them
+        self.device.prefault(program.plan.extent, [(a.offset, a.offset + a.size) for a in
+                                                   program.plan.prologue if a.copies == "h2d"])
         for action in program.plan.prologue:
             self._apply(action, None)
-        # the rest of the pages the plan uses, mapped beside its first iteration (which touches
-        # them all); not sooner: the host's start-up would wait on the memory they take
-        self.device.prefault(program.plan.extent)
 
     def flush(self) -> None:
         """Send the pinned blobs home and leave the pool empty (before switching plans, or to
