@@ -11,6 +11,8 @@ crop and flip act on [0, 1] pixels, so padding is black; normalisation comes las
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import numpy as np
@@ -59,6 +61,7 @@ def normalize(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -
 
 
 MIN_STATS_IMAGES = 16     # channel_stats reads at least this many images (or all there are)
+STATS_THREADS = min(4, os.cpu_count() or 1)   # channel_stats reads batches on this many threads
 
 
 def channel_stats(dataset: Dataset, max_samples: int | None = 10_000, seed: int = 0,
@@ -82,13 +85,21 @@ def channel_stats(dataset: Dataset, max_samples: int | None = 10_000, seed: int 
     if not len(indices):
         raise ValueError(f"{dataset!r}: no images to compute channel statistics from")
     channels = dataset.shape[0]
-    total, total_sq, pixels = np.zeros(channels), np.zeros(channels), 0
-    for start in range(0, len(indices), batch_size):
-        images, _ = dataset.get(indices[start:start + batch_size])
+
+    def sums(batch):
+        images, _ = dataset.get(batch)
         values = images.transpose(1, 0, 2, 3).reshape(channels, -1).astype(np.float64)
-        total += values.sum(axis=1)
-        total_sq += (values * values).sum(axis=1)
-        pixels += values.shape[1]
+        return values.sum(axis=1), (values * values).sum(axis=1), values.shape[1]
+    batches = [indices[start:start + batch_size] for start in range(0, len(indices), batch_size)]
+    # batches read on threads (drawing or decoding, Pillow and numpy, leaves the GIL for most of
+    # it), their sums added in order: the figures do not depend on the threads
+    with ThreadPoolExecutor(min(len(batches), STATS_THREADS)) as threads:
+        parts = list(threads.map(sums, batches))
+    total, total_sq, pixels = np.zeros(channels), np.zeros(channels), 0
+    for batch_total, batch_sq, batch_pixels in parts:
+        total += batch_total
+        total_sq += batch_sq
+        pixels += batch_pixels
     mean = total / pixels
     std = np.sqrt(np.maximum(total_sq / pixels - mean * mean, 0.0))
     return mean.astype(np.float32), std.astype(np.float32)

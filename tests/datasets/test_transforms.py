@@ -84,6 +84,32 @@ def test_channel_stats_match_numpy_over_the_whole_split():
     assert np.abs(sampled - mean).max() < 0.1
 
 
+def test_channel_stats_are_the_same_bits_whatever_the_threads(monkeypatch):
+    """Batches read on threads, in whatever order they finish: their sums are added in the
+    batches' order, so the figures are those of one thread, bit for bit."""
+    from minilms.datasets import transforms
+    images = (np.random.default_rng(4).random((45, 3, 6, 6)) * 255).astype(np.uint8)
+    ds = ArrayDataset("t", "train", ["a"], images, np.zeros(45))
+    got = {}
+    for threads in (1, 4):
+        monkeypatch.setattr(transforms, "STATS_THREADS", threads)
+        got[threads] = channel_stats(ds, batch_size=4)
+    for one, many in zip(got[1], got[4]):
+        assert one.tobytes() == many.tobytes()
+    # and what a loop over the batches in order gives
+    total, total_sq, pixels = np.zeros(3), np.zeros(3), 0
+    for start in range(0, 45, 4):
+        values = (images[start:start + 4].astype(np.float32) / np.float32(255)).transpose(
+            1, 0, 2, 3).reshape(3, -1).astype(np.float64)
+        total += values.sum(axis=1)
+        total_sq += (values * values).sum(axis=1)
+        pixels += values.shape[1]
+    mean = total / pixels
+    assert got[4][0].tobytes() == mean.astype(np.float32).tobytes()
+    std = np.sqrt(np.maximum(total_sq / pixels - mean * mean, 0.0)).astype(np.float32)
+    assert got[4][1].tobytes() == std.tobytes()
+
+
 def test_channel_stats_read_no_more_images_than_max_pixels_hold(monkeypatch):
     """Large images: the sample is cut to ``max_pixels`` a channel (never below 16 images), and
     the statistics are those of the images it read."""
