@@ -53,7 +53,7 @@ def pytest_collection_modifyitems(config, items):
     if config.getoption("-m") or config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --runslow (kept outside CI, see README)")
-    simulated = pytest.mark.skip(reason="a minute or more under the Numba CUDA simulator: run "
+    simulated = pytest.mark.skip(reason="half a minute or more under the Numba CUDA simulator: run "
                                  "with --runslow (kept outside CI; a real GPU runs it always)")
     for item in items:
         if "slow" in item.keywords:
