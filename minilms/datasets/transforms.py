@@ -12,6 +12,7 @@ crop and flip act on [0, 1] pixels, so padding is black; normalisation comes las
 from __future__ import annotations
 
 import os
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
@@ -158,12 +159,17 @@ def make_transform(augment: dict | None, train_dataset: Dataset, train: bool) ->
     return Augment(padding, flip, mean, std)
 
 
+_STATS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # dataset -> channel_stats
+
+
 def _normalisation(setting, train_dataset: Dataset):
     channels = train_dataset.shape[0]
     if setting is False or setting is None:
         return None, None
     if setting is True:
-        mean, std = channel_stats(train_dataset)
+        if train_dataset not in _STATS:    # the train and validation transforms: read once
+            _STATS[train_dataset] = channel_stats(train_dataset)
+        mean, std = (value.copy() for value in _STATS[train_dataset])
         return mean, np.where(std > 0, std, 1.0)  # a constant channel only needs centring
     key = "data.augment.normalize"
     expected = f"true, false, or {{mean: [{channels} numbers], std: [{channels} positive numbers]}}"

@@ -160,6 +160,24 @@ def test_make_transform_from_the_config_section():
     assert make_transform(None, train, True).mean is not None  # normalize defaults to true
 
 
+def test_the_train_and_validation_transforms_read_the_statistics_once(monkeypatch):
+    """Both transforms normalise with the training split's statistics: read once a split (the
+    images of a large one take most of a second), the same figures for both, each its own."""
+    from minilms.datasets import transforms
+    calls = []
+    monkeypatch.setattr(transforms, "channel_stats",
+                        lambda dataset: calls.append(dataset) or channel_stats(dataset))
+    train = make_dataset("shapes", "train", train_size=12, image_size=8)
+    first = make_transform(None, train, True)
+    second = make_transform(None, train, False)
+    assert calls == [train]
+    assert first.mean.tobytes() == second.mean.tobytes() == channel_stats(train)[0].tobytes()
+    assert first.mean is not second.mean
+    other = make_dataset("shapes", "train", train_size=12, image_size=8, seed=1)
+    make_transform(None, other, True)
+    assert calls == [train, other]
+
+
 @pytest.mark.parametrize("section, key", [
     ({"crop_padding": -1}, "data.augment.crop_padding"),
     ({"flip": "yes"}, "data.augment.flip"),
