@@ -12,8 +12,8 @@ older kernel) nothing is done, and the pages are mapped on first touch as before
 numpy asks for transparent huge pages for every array of 4 MiB and more. In a virtual machine
 whose balloon reports free memory to the host (virtio's free page reporting, which reports free
 blocks of 2 MiB and more), a huge page is just what the host took back, and its first touch waits
-for the host to fault it in again: 3.3 s a GiB on the VM of sessions 46-52, against 0.5-0.9 s with
-4 KiB pages, which the guest recycles before they are reported; an iteration once the pages are
+for the host to fault it in again, several times what a 4 KiB page costs (the guest recycles
+those before they are reported; ``scripts/bench_pages.py``); an iteration once the pages are
 mapped measured the same with either. There (``host_reclaims_huge_pages``), ``small_pages``
 keeps the arena and the homes on 4 KiB pages; elsewhere numpy's huge pages stay.
 """
@@ -72,13 +72,18 @@ def host_reclaims_huge_pages() -> bool:
     return _reclaims[0]
 
 
+def _page_up(address: int) -> int:
+    """``address`` rounded up to a page boundary (madvise takes page-aligned starts)."""
+    return -(-address // PAGE_SIZE) * PAGE_SIZE
+
+
 def small_pages(buffer: np.ndarray) -> bool:
     """Keep ``buffer`` (an array of ``HUGE_FROM`` bytes or more) on small pages where the host
     reclaims huge ones (``host_reclaims_huge_pages``); True where it did so."""
     madvise = _libc_madvise()
     if buffer.nbytes < HUGE_FROM or madvise is None or not host_reclaims_huge_pages():
         return False
-    first = -(-buffer.ctypes.data // PAGE_SIZE) * PAGE_SIZE
+    first = _page_up(buffer.ctypes.data)
     end = (buffer.ctypes.data + buffer.nbytes) // PAGE_SIZE * PAGE_SIZE
     return end > first and madvise(first, end - first, MADV_NOHUGEPAGE) == 0
 
@@ -87,8 +92,7 @@ def populate(buffer: np.ndarray, start: int, stop: int) -> bool:
     """Map ``buffer``'s bytes ``[start, stop)`` (whole pages within them) now, in one call; False
     where the OS cannot (the pages are then mapped on first touch)."""
     madvise = _libc_madvise()
-    begin = buffer.ctypes.data + start
-    first = -(-begin // PAGE_SIZE) * PAGE_SIZE      # madvise takes a page-aligned start
+    first = _page_up(buffer.ctypes.data + start)
     end = buffer.ctypes.data + stop
     if madvise is None or end <= first:
         return madvise is not None
@@ -107,4 +111,3 @@ def populate_behind(buffer: np.ndarray, ranges) -> threading.Thread:
     thread = threading.Thread(target=run, name="minilms-populate", daemon=True)
     thread.start()
     return thread
-
