@@ -1,7 +1,8 @@
 """Planning without numba (``minilms.lazy``): the layers call the kernel families through lazy
 modules and read what planning asks from modules that compile nothing (``kernels.shapes``,
-``kernels.direct.rules``), so ``python -m minilms.plan`` on the ``cpu`` device never imports
-numba or llvmlite, and plans as it did with them; the rules' host vector width is LLVM's."""
+``kernels.direct.rules``), so ``python -m minilms.plan`` never imports numba or llvmlite (on the
+``cpu`` device, nor for ``cuda``: the weight gradients' split-K rule is ``shapes.split_k``), and
+plans as it did with them; the rules' host vector width is LLVM's."""
 import json
 import subprocess
 import sys
@@ -44,6 +45,16 @@ def test_planning_on_the_cpu_device_imports_no_numba(config, overrides):
     nor llvmlite is imported."""
     out = run_python(PLAN_WITHOUT_NUMBA.format(
         args=[config, "device.kind=cpu", "device.memory=1GiB", "--summary"] + overrides))
+    assert "least pool for LMS" in out
+    assert out.strip().splitlines()[-1] == "NUMBA []"
+
+
+def test_planning_for_cuda_imports_no_numba():
+    """A ``cuda`` net's convolutions size their weight gradients' partial sums (split-K) as they
+    are set up: from ``shapes.split_k``, not from the kernel's module."""
+    out = run_python(PLAN_WITHOUT_NUMBA.format(
+        args=["configs/googlenet.yaml", "data.batch_size=2", "data.image_size=112",
+              "device.kind=cuda", "device.memory=1GiB", "--summary"]))
     assert "least pool for LMS" in out
     assert out.strip().splitlines()[-1] == "NUMBA []"
 

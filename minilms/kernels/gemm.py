@@ -37,6 +37,7 @@ from ..lazy_cuda import cuda
 from .blas_threads import matmul
 from .common import launch, view
 from .registry import cuda_kernel, on_cpu
+from .shapes import GEMM_TILE, INNER_LOOP_FFMA_SHARE  # noqa: F401 (named here too)
 
 __all__ = ["gemm", "gemm_batched", "k_span", "GEMM_KERNELS", "K_SPLIT_KERNELS", "BM", "BN", "BK",
            "TM", "TN", "THREADS"]
@@ -45,7 +46,7 @@ __all__ = ["gemm", "gemm_batched", "k_span", "GEMM_KERNELS", "K_SPLIT_KERNELS", 
 # TM/TN unroll and `acc` lives in registers); the simulator reads them at run time, which lets the
 # tests shrink the tile to keep simulated runs fast. 128 x 128 x 8 with 8 x 8 per thread, double
 # buffered, takes 106-127 registers on sm_90 (two blocks of 256 threads per SM), no spills.
-BM, BN, BK = 128, 128, 8
+(BM, BN), BK = GEMM_TILE, 8
 TM, TN = 8, 8
 
 
@@ -257,11 +258,6 @@ def _gemm_kernel(trans_a, trans_b, k_split=False):
                        block=THREADS)(kernel)
 
 
-# The least share of FFMA among the sm_90 SASS instructions of the four variants' inner loops
-# (scripts/kernel_report.py; tests/kernels/test_sass.py holds it to tests/golden/gemm_sass.json).
-# FFMA issue is the GEMM's ceiling: the share of peak it can reach at most. The ``cuda`` cost
-# model builds on it.
-INNER_LOOP_FFMA_SHARE = 0.75
 
 
 def source_digest() -> str:

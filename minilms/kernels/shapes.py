@@ -1,15 +1,17 @@
 """What planning asks of the kernel families, in a module that compiles nothing: a convolution's
-and a pooling's output extent, how many samples share one product (``slotted``), the shapes of
-batch norm's sums.
+and a pooling's output extent, how many samples share one product (``slotted``), how many partial
+sums a CUDA weight gradient gets (``split_k``), the shapes of batch norm's sums.
 
 A layer sizes its outputs and workspace from these when it is set up, and planning sets up every
 layer of a net and runs none: so ``python -m minilms.plan`` never imports numba, which every
 family compiles with (``minilms.lazy``). The families import them from here, and name them as
-their own (``im2col.conv_out_size``, ``slotted.count``, ``batchnorm_sums.stats_shape``); the
+their own (``im2col.conv_out_size``, ``slotted.count``, ``split_k.split_k``, ``gemm.BM``,
+``batchnorm_sums.stats_shape``); the
 direct convolutions' rules are ``direct.rules``.
 """
 __all__ = ["conv_out_size", "pool_output_size", "SHORT_PLANE", "MIN_PLANE", "MIN_WEIGHT",
-           "SLOT_COLUMNS", "ALIGN", "count", "width", "PIECE", "pieces", "stats_shape",
+           "SLOT_COLUMNS", "ALIGN", "count", "width", "GEMM_TILE", "INNER_LOOP_FFMA_SHARE",
+           "SPLIT_K_BLOCKS", "MIN_K_SPAN", "split_k", "PIECE", "pieces", "stats_shape",
            "cpu_stats_shape"]
 
 
@@ -33,6 +35,34 @@ def pool_output_size(size: int, kernel: int, stride: int, pad: int, ceil_mode=Fa
     if ceil_mode and (out - 1) * stride >= size + pad:
         out -= 1
     return out
+
+
+# -- split-K: a summed product's partial sums (``kernels.split_k``) -------------------------------
+GEMM_TILE = (128, 128)   # the CUDA GEMM's block tile, BM x BN (``kernels.gemm``, which reads it)
+# The least share of FFMA among the sm_90 SASS instructions of the GEMM's four variants' inner
+# loops (scripts/kernel_report.py; tests/kernels/test_sass.py holds it to
+# tests/golden/gemm_sass.json). FFMA issue is the GEMM's ceiling: the share of peak it can reach
+# at most. The ``cuda`` cost model builds on it.
+INNER_LOOP_FFMA_SHARE = 0.75
+SPLIT_K_BLOCKS = 264     # two blocks per SM of an H100 (132 SMs): what a summed product should fill
+MIN_K_SPAN = 512         # a part of K at least 64 slices deep: its first load and its store small
+
+
+def split_k(m: int, n: int, samples: int, depth: int, most: int | None = None) \
+        -> tuple[int, int]:
+    """``(groups, k_parts)``: partial sums enough (``groups * k_parts``, the batch of ``c`` in
+    ``gemm_batched``) to give a product of ``[m, n]`` summed over ``samples`` products of depth
+    ``depth`` (each sample's K) the blocks to fill a GPU, at most ``most`` of them. ``groups``
+    divides ``samples`` (a block sums ``samples / groups`` of them); where that is too few, each
+    sample's K is split into ``k_parts`` spans of at least ``MIN_K_SPAN``. ``(1, 1)`` where the
+    tiles alone fill the GPU."""
+    bm, bn = GEMM_TILE           # read at the call: the simulator's tests shrink the tile
+    tiles = -(-m // bm) * -(-n // bn)
+    want = min(-(-SPLIT_K_BLOCKS // tiles), most or SPLIT_K_BLOCKS)
+    if tiles >= SPLIT_K_BLOCKS // 2 or want < 2:
+        return 1, 1
+    groups = max(d for d in range(1, min(samples, want) + 1) if samples % d == 0)
+    return groups, max(1, min(want // groups, depth // MIN_K_SPAN))
 
 
 # -- slotted: samples side by side in one product --------------------------------------------------

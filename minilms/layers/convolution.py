@@ -175,7 +175,7 @@ class Convolution(Layer):
             and self.kernel_size == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
         if self.pointwise_cuda:     # the input is the columns: room for split-K partials only
             self.chunk, self.band_rows, self.staged, self.partials = 0, self.out_h, False, 0
-            splits = math.prod(split_k.split_k(self.num_output, self.k, shape[0], plane))
+            splits = math.prod(shapes.split_k(self.num_output, self.k, shape[0], plane))
             if splits > 1 and splits * self.num_output * self.k <= budget:
                 self.partials = splits * self.num_output * self.k
             self.elements = max(1, self.partials)
@@ -205,11 +205,11 @@ class Convolution(Layer):
     def _cuda_columns(self, n_samples: int, budget: int) -> int:
         """Elements for as many samples' columns as fit the budget, and after them the weight
         gradient's split-K partial sums (``partials``) where its own tiles would leave a GPU idle
-        (``split_k.split_k``): those come out of the columns' budget."""
+        (``shapes.split_k``): those come out of the columns' budget."""
         plane = self.out_h * self.out_w
         per = self.k * plane
         fit = min(n_samples, budget // per)
-        splits = math.prod(split_k.split_k(self.num_output, self.k, fit, plane))
+        splits = math.prod(shapes.split_k(self.num_output, self.k, fit, plane))
         partials = splits * self.num_output * self.k if splits > 1 else 0
         if (budget - partials) // per >= 1:
             self.partials = partials
@@ -221,7 +221,7 @@ class Convolution(Layer):
         ``(1, 1)``: none."""
         if not self.partials:
             return 1, 1
-        return split_k.split_k(self.num_output, self.k, n_samples, self.out_h * self.out_w,
+        return shapes.split_k(self.num_output, self.k, n_samples, self.out_h * self.out_w,
                                most=self.partials // (self.num_output * self.k))
 
     # -- declarations --------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..kernels.shapes import INNER_LOOP_FFMA_SHARE
 from ..layers.recompute import in_place, recompute_reads, recompute_writes
 from ..net import Net, Step
 from .plan import Plan, Policy
@@ -37,7 +38,7 @@ GB = 1e9
 # The cuda device's constants, for an H100 PCIe, from the kernels themselves or measured on an
 # H100 SXM and an H200 (docs/benchmarks.md, "CUDA on an H100" and "... on an H200"); the model as
 # a whole is a prediction. The FLOP rate is what the convolutions reached, under the GEMM's bound
-# (kernels.gemm.INNER_LOOP_FFMA_SHARE); a step's host time is its launches (a launcher and
+# (kernels.shapes.INNER_LOOP_FFMA_SHARE); a step's host time is its launches (a launcher and
 # kernels/prepared_launch.py) plus the executor's own Python work.
 GPU_FP32_PEAK = 51.2e12      # FLOP/s: an H100 PCIe, 114 SMs x 128 FP32 lanes x 2 x 1.755 GHz
 CONV_SHARE_OF_PEAK = 0.18    # what the convolutions reached of the peak, measured (H200)
@@ -127,7 +128,6 @@ def cuda_flops() -> float:
     """The GPU's FLOP/s for the cost model: its FP32 peak times the share the convolutions
     reached on a GPU (``CONV_SHARE_OF_PEAK``), under the ceiling the GEMM's instruction mix
     sets (``INNER_LOOP_FFMA_SHARE``, the model's rate until the convolutions' was measured)."""
-    from ..kernels.gemm import INNER_LOOP_FFMA_SHARE  # numba's: only a cuda model asks
     return GPU_FP32_PEAK * min(CONV_SHARE_OF_PEAK, INNER_LOOP_FFMA_SHARE)
 
 

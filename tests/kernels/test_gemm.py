@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minilms.kernels import gemm as gemm_module
+from minilms.kernels import shapes
 from minilms.kernels.gemm import gemm
 
 SIMULATED = bool(numba.config.ENABLE_CUDASIM)
@@ -103,6 +104,7 @@ def tile(monkeypatch):
                            gemm_module.derived_constants(*shape.values())))
         for name, value in {**shape, **derived}.items():
             monkeypatch.setattr(gemm_module, name, value)
+        monkeypatch.setattr(shapes, "GEMM_TILE", (shape["BM"], shape["BN"]))  # split-K's
     return gemm_module
 
 

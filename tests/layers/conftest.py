@@ -3,6 +3,7 @@ import numba
 import pytest
 
 import minilms.kernels.gemm as gemm_module
+from minilms.kernels import shapes
 
 
 @pytest.fixture
@@ -17,3 +18,4 @@ def small_gemm_tile(monkeypatch):
                            gemm_module.derived_constants(*shape.values())))
         for name, value in {**shape, **derived}.items():
             monkeypatch.setattr(gemm_module, name, value)
+        monkeypatch.setattr(shapes, "GEMM_TILE", (shape["BM"], shape["BN"]))  # split-K's

@@ -478,17 +478,17 @@ def test_cuda_chunks_of_samples_equal_one_sample_at_a_time(monkeypatch):
 @pytest.mark.cuda
 def test_cuda_weight_gradient_splits_each_samples_plane_where_the_samples_are_few(monkeypatch):
     """Where a chunk's samples alone give the weight gradient too few blocks (a few large
-    images), each sample's plane is split into spans as well (``split_k.split_k``'s ``k_parts``,
+    images), each sample's plane is split into spans as well (``shapes.split_k``'s ``k_parts``,
     here with spans of 16 outputs instead of 512): forward and dx bit for bit the unsplit
     layer's, the weight and bias gradients within float32 rounding (regrouped sums), and the
     partials taken from the workspace."""
-    from minilms.kernels import split_k
+    from minilms.kernels import shapes
     rng = np.random.default_rng(12)
     shape = (2, 2, 8, 8)                        # planes of 64 outputs: 4 spans of 16
     x = rng.standard_normal(shape).astype(np.float32)
     results = {}
     for name, least_span in (("split", 16), ("whole", 10**9)):
-        monkeypatch.setattr(split_k, "MIN_K_SPAN", least_span)
+        monkeypatch.setattr(shapes, "MIN_K_SPAN", least_span)
         layer = conv(num_output=4, pad=1)
         layer.setup([shape], "cuda")
         groups, parts = layer._dw_splits(layer._batch_chunk(shape[0]))
