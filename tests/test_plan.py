@@ -4,6 +4,7 @@ least pool is tight; errors name the step, the bytes and the capacity; the decis
 the planner before it was made fast, and its time per step does not grow with the net's depth."""
 import hashlib
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from minilms import zoo
 from minilms.device.link import parse_link
 from minilms.device.pool import ALIGNMENT, align_up
 from minilms.errors import ConfigError, PlanError
-from minilms.lms.auto import auto_plan
+from minilms.lms.auto import OwedLoads, auto_plan
 from minilms.lms.bounds import (
     FIRST_STRIDE,
     SUMMARY_PRECISION,
@@ -24,7 +25,7 @@ from minilms.lms.bounds import (
     working_set_bytes,
 )
 from minilms.lms.check import check_plan
-from minilms.lms.cost import CostModel, simulate
+from minilms.lms.cost import CostModel, Streams, simulate, step_times
 from minilms.lms.planner import (
     Liveness,
     Policy,
@@ -291,6 +292,56 @@ def auto_plan_at(name: str, scale: float):
 def test_decisions_are_those_of_the_planner_before_issue_18(case):
     name, policy = case.split("|")
     assert decisions(name, policy) == SAME_DECISIONS[case]
+
+
+def owed_bounds(name, policy, capacity, device):
+    """``(bounds, owed, total)`` of ``policy``'s plan without prefetch: ``auto``'s lower bound
+    at each step (time so far, compute ahead, loads owed: ``OwedLoads``), the loads owed after
+    each step in seconds, and the plan's whole time; None where it does not fit."""
+    net, steps, _, _ = net_named(name)
+    model = CostModel.for_device(device, parse_link("pcie3") if device == "cuda" else None)
+    try:
+        plan = make_plan(net, steps, capacity, replace(policy, enabled=True, prefetch=0))
+    except PlanError:
+        return None
+    live, times = Liveness.of(net, steps), step_times(net, steps, model)
+    loads, streams, bounds, owed = OwedLoads(live, model, plan.pinned), Streams(model), [], []
+    device_ahead = sum(seconds for _, seconds in times)
+    host_ahead = sum(seconds for seconds, _ in times)
+    for index, step_plan in enumerate(plan.steps):
+        host, seconds = times[index]
+        streams.step(step_plan, seconds, host)
+        loads.step(index, step_plan)
+        device_ahead, host_ahead = device_ahead - seconds, host_ahead - host
+        owed.append(loads.seconds)
+        bounds.append(max(streams.compute_end + device_ahead + loads.seconds,
+                          streams.host + host_ahead))
+    assert not loads.owed        # every load owed was made by the iteration's end
+    total = streams.finish(plan.epilogue).seconds
+    assert total == simulate(plan, net, model).seconds
+    return bounds, owed, total
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(sorted(NETS)), policy=policies, scale=st.floats(1.0, 2.5),
+       device=st.sampled_from(["cpu", "cuda"]))
+def test_the_loads_a_plan_owes_with_the_compute_ahead_never_exceed_its_time(
+        name, policy, scale, device):
+    """``auto``'s lower bound for a candidate without prefetch, at every step of random plans:
+    its time so far, the compute still ahead and the loads it still owes are at most the plan's
+    whole time."""
+    found = owed_bounds(name, policy, int(net_named(name)[2] * scale), device)
+    if found is not None:
+        bounds, owed, total = found
+        assert min(owed) >= -1e-12 and max(bounds) <= total * (1 + 1e-12)
+
+
+def test_the_loads_owed_raise_the_bound_where_blobs_leave_the_device():
+    """In a tight pool the parameters start at home and activations are sent away in the
+    forward: loads are owed, and at some step the bound with them is above the one without."""
+    bounds, owed, total = owed_bounds("resnet18/16", Policy(), net_named("resnet18/16")[2],
+                                      "cpu")
+    assert owed[0] > 0 and max(owed) > owed[0] and max(bounds) <= total * (1 + 1e-12)
 
 
 @pytest.mark.parametrize("case", sorted(AUTO_DECISIONS))

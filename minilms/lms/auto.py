@@ -20,7 +20,7 @@ from .liveness import Liveness
 from .plan import Plan, Policy
 from .planner import make_plan, pinned_blobs
 
-__all__ = ["PREFETCH_CHOICES", "THRESHOLD_QUANTILES", "auto_plan", "make_plan_error"]
+__all__ = ["PREFETCH_CHOICES", "THRESHOLD_QUANTILES", "OwedLoads", "auto_plan", "make_plan_error"]
 
 PREFETCH_CHOICES = (1, 2, 3, 4, 6, 8)
 THRESHOLD_QUANTILES = (0.1, 0.25, 0.4, 0.5, 0.6, 0.75, 0.9)
@@ -40,10 +40,11 @@ def auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
     time, the pinned blobs' placement. Candidates that differ only in knobs with no effect (two
     thresholds that pin the same blobs) make the same plan: it is made once. A candidate is
     simulated while it is planned, and stopped as soon as its time so far plus the compute still
-    ahead (a lower bound on its total) is more than the best total so far: it cannot win, and
-    the rest of it is not made. The choice is the one weighing every candidate in full makes
-    (the first of the fastest, in the same order). Only candidates without prefetch are cut
-    short: one with prefetch that does not fit is planned again with less, and that could win.
+    ahead and the loads it still owes (``OwedLoads``: a lower bound on its total) is more than
+    the best total so far: it cannot win, and the rest of it is not made. The choice is the one
+    weighing every candidate in full makes (the first of the fastest, in the same order). Only
+    candidates without prefetch are cut short: one with prefetch that does not fit is planned
+    again with less, and that could win.
     On a GPU (copy engines beside the kernels: ``host_runs_ahead``) the choice is then weighed
     against itself with early write-back (``lms.write_back``, ``minilms.lms.write_back``).
     Where a second core and ``fork`` allow (``forked.map_forked``), a child process takes
@@ -66,6 +67,8 @@ def _auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
                         ahead[index + 1][1] + times[index][1])
     sizes = sorted(set(live.nbytes.values()))
     thresholds = sorted({0} | {sizes[int(q * (len(sizes) - 1))] + 1 for q in THRESHOLD_QUANTILES})
+    # what a candidate without prefetch still owes is part of its lower bound (``OwedLoads``)
+    owes_loads = not live.family
     made: dict = {}     # what decides a plan -> its outcome (``weigh``), in this process
     best_so_far = SharedLeast()     # the least total planned in full, here or in the child
     own = [None, None]  # (key, plan) of the fastest plan this process made in full
@@ -78,20 +81,24 @@ def _auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
                 policy.reduce_grads, policy.write_back)
         if same in made:     # the plan is made already: an equal key never replaces the best
             return made[same]
-        streams = None
+        streams = owed = None
 
         def watch(step_index, step_plan):
-            nonlocal streams
+            nonlocal streams, owed
             if step_index == 0:        # a new plan (make_plan may start again with less prefetch)
                 streams = Streams(model)
+                owed = OwedLoads(live, model, same[1]) \
+                    if owes_loads and not policy.prefetch else None
             host, device = times[step_index]
             streams.step(step_plan, device, host)
             if policy.prefetch:
                 return
+            if owed is not None:
+                owed.step(step_index, step_plan)
             host_ahead, device_ahead = ahead[step_index + 1]
             # more than the best so far, whatever rounding does to both: it cannot win
-            if max(streams.compute_end + device_ahead, streams.host + host_ahead) > \
-                    best_so_far.value() * (1 + 1e-9) + 2e-9:
+            if max(streams.compute_end + device_ahead + (owed.seconds if owed else 0.0),
+                   streams.host + host_ahead) > best_so_far.value() * (1 + 1e-9) + 2e-9:
                 raise _CutShort(step_index)
         try:
             if policy.write_back == "early":     # rewritten after the walk: timed whole
@@ -151,6 +158,36 @@ def _auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
                        if o is None or o[0] != "cut"]
     plan.cut_short = [(p, o[1]) for _, p, o in results if o is not None and o[0] == "cut"]
     return plan
+
+
+class OwedLoads:
+    """The demand loads a plan without prefetch still owes after each step: the blobs off the
+    device (never loaded, or sent away) that a later step of the iteration reads or updates.
+    Each is a copy its step waits for (``Streams.step`` starts a step's loads after the step
+    before it, and the step after its loads), so ``seconds``, their copies' time, added to the
+    compute still ahead, is a lower bound on the time still ahead. ``pinned``: the blobs the
+    plan keeps in place (loaded in its prologue). For schedules without chunks (a chunk's load
+    is part of its parent's); recompute steps are in the schedule, and their writes end a
+    blob's need as any write does."""
+
+    def __init__(self, live: Liveness, model: CostModel, pinned):
+        self.live, self.model = live, model
+        starts_home = (set(live.persistent) | set(live.host_inputs)) - set(pinned)
+        self.owed = {name: model.copy_seconds(live.nbytes[name]) for name in starts_home
+                     if live.need_after(name, -1) < live.n}
+        self.seconds = sum(self.owed.values())
+
+    def step(self, index: int, step_plan) -> None:
+        """Step ``index``'s actions, as planned: its loads paid, its evictions owed."""
+        live, owed = self.live, self.owed
+        for action in step_plan.release + step_plan.demand:
+            if action.kind == "swap_in":
+                self.seconds -= owed.pop(action.blob, 0.0)
+            elif action.kind in ("swap_out", "drop", "reduce") and \
+                    live.need_after(action.blob, index) < live.n:
+                seconds = self.model.copy_seconds(action.nbytes)
+                self.seconds += seconds - owed.get(action.blob, 0.0)
+                owed[action.blob] = seconds
 
 
 def _fastest(results):
