@@ -258,8 +258,6 @@ def _gemm_kernel(trans_a, trans_b, k_split=False):
                        block=THREADS)(kernel)
 
 
-
-
 def source_digest() -> str:
     """A digest of what the CUDA kernels are compiled from (their source and tile constants):
     the golden record of their SASS (tests/golden/gemm_sass.json) names the digest it was made

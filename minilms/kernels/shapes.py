@@ -6,8 +6,7 @@ A layer sizes its outputs and workspace from these when it is set up, and planni
 layer of a net and runs none: so ``python -m minilms.plan`` never imports numba, which every
 family compiles with (``minilms.lazy``). The families import them from here, and name them as
 their own (``im2col.conv_out_size``, ``slotted.count``, ``split_k.split_k``, ``gemm.BM``,
-``batchnorm_sums.stats_shape``); the
-direct convolutions' rules are ``direct.rules``.
+``batchnorm_sums.stats_shape``); the direct convolutions' rules are ``direct.rules``.
 """
 __all__ = ["conv_out_size", "pool_output_size", "SHORT_PLANE", "MIN_PLANE", "MIN_WEIGHT",
            "SLOT_COLUMNS", "ALIGN", "count", "width", "GEMM_TILE", "INNER_LOOP_FFMA_SHARE",

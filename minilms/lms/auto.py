@@ -97,7 +97,7 @@ def _auto_plan(net: Net, steps: list[Step], capacity: int, model: CostModel,
                 owed.step(step_index, step_plan)
             host_ahead, device_ahead = ahead[step_index + 1]
             # more than the best so far, whatever rounding does to both: it cannot win
-            if max(streams.compute_end + device_ahead + (owed.seconds if owed else 0.0),
+            if max(streams.compute_end + device_ahead + (0.0 if owed is None else owed.seconds),
                    streams.host + host_ahead) > best_so_far.value() * (1 + 1e-9) + 2e-9:
                 raise _CutShort(step_index)
         try:
