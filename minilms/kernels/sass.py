@@ -100,9 +100,11 @@ def inner_loop(sass: str) -> LoopMix | None:
 
 def source_digest(*objects) -> str:
     """A digest of the Python source of ``objects`` (functions, or values by their ``repr``):
-    what a golden record of their compiled form was made from."""
+    what a golden record of their compiled form was made from. A kernel's is its Python
+    function's (``py_func``), whether numba.cuda has been loaded yet (``lazy_cuda.Deferred``) or
+    not."""
     digest = hashlib.sha256()
     for item in objects:
-        text = inspect.getsource(item) if callable(item) else repr(item)
+        text = inspect.getsource(getattr(item, "py_func", item)) if callable(item) else repr(item)
         digest.update(text.encode())
     return digest.hexdigest()[:16]
