@@ -338,7 +338,8 @@ def test_the_loads_a_plan_owes_with_the_compute_ahead_never_exceed_its_time(
 
 def test_the_loads_owed_raise_the_bound_where_blobs_leave_the_device():
     """In a tight pool the parameters start at home and activations are sent away in the
-    forward: loads are owed, and at some step the bound with them is above the one without."""
+    forward: loads are owed from the first step, more of them later, and the bound stays below
+    the plan's time."""
     bounds, owed, total = owed_bounds("resnet18/16", Policy(), net_named("resnet18/16")[2],
                                       "cpu")
     assert owed[0] > 0 and max(owed) > owed[0] and max(bounds) <= total * (1 + 1e-12)
