@@ -301,3 +301,18 @@ def test_bench_direct_smoke(capsys):
     for label in ("smoke 3x3", "smoke 5x5 s2"):
         assert re.search(rf"^{label}{cell}{cell}{cell}  fwd (direct|gemm), dW (direct|gemm), "
                          rf"dx (direct|lanes|gemm)$", out, re.M), out
+
+
+def test_bench_siblings_smoke(capsys):
+    """A row per group of GoogLeNet's sibling 1x1 convolutions: both ways' ms, their ratio and
+    the stacked way's error against the members' (float32 rounding, asserted small: a wrong
+    weight or gradient shows), then the sum (times never asserted)."""
+    assert run_script("bench_siblings.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"^(inc\w+)\+\S+ +2x\d+x\d+x\d+ +[\d+]+ +[\d.]+ +[\d.]+ +[\d.]+x +"
+                      r"([\d.e+-]+)$", out, re.M)
+    assert [name for name, _ in rows] == [f"inc{block}_1x1" for block in
+                                          ("3a", "3b", "4a", "4b", "4c", "4d", "4e", "5a", "5b")]
+    assert all(float(error) < 1e-4 for _, error in rows), rows
+    assert re.search(r"^googlenet 64 b2: the groups apart [\d.]+ ms, stacked [\d.]+ ms, [\d.]+x; "
+                     r"at most -?[\d.]+ ms an iteration saved$", out, re.M), out
