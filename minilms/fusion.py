@@ -20,6 +20,18 @@ LMS off every blob stays resident for the whole iteration, so a step that holds 
 costs no memory, and ``auto`` there folds the adds' ReLUs too (``all``); with LMS on it folds them
 where the pool holds a plan of the net so fused, and only the batch norms' where it does not
 (the least pool is the unfused adds' net's: a pool between the two plans the latter).
+
+**Sibling 1x1 convolutions** (``stack_siblings``, with ``"all"``, on a net set up for the ``cpu``
+device): two or more Convolution layers that read one blob with a 1x1 kernel, stride 1, no
+padding, dilation or groups and the same bias setting run as one ``StackedConvolution``, in the
+place of the first, where their outputs together have no more channels than their input. There
+it measured faster (the input read once, the products taller); where the outputs are wider, the
+copies of them out and of their gradients back cost more than it saves (GoogLeNet's ``inc3b``,
+ResNet's ``res2a`` pair: ``scripts/bench_siblings.py``, docs/benchmarks.md, session 54). Unlike
+the ReLU's, this fusion changes the rounding (float32; dx is summed in one product), never the
+parameters: their blobs, initial values and checkpoints are the members'. It is in ``"all"``
+alone: the stacked step holds every member's top at once and is never split along the batch, so
+with LMS on a pool that holds only ``"auto"``'s plan takes that one.
 """
 from dataclasses import replace
 
@@ -100,3 +112,46 @@ def fuse_relu(layers: list[Layer], which="all") -> tuple[list[Layer], dict]:
         for blob in layer.bottom + layer.top:
             last[blob] = len(out) - 1
     return out, fused
+
+
+def sibling_groups(layers: list[Layer]) -> list[list[Layer]]:
+    """Lists of two or more Convolution layers that read the same blob with a 1x1 kernel, stride
+    1, no padding, dilation or groups, the same bias setting and workspace bound, and the engine
+    ``auto``, in the layers' order, with nothing between the first and the last that writes that
+    blob (each then reads the same value)."""
+    groups: dict = {}
+    for layer in layers:
+        if layer.type == "Convolution" and layer.kernel_size == (1, 1) and \
+                layer.stride == (1, 1) and layer.pad == (0, 0) and layer.dilation == (1, 1) \
+                and layer.groups == 1 and layer.engine == "auto" and \
+                layer.top[0] != layer.bottom[0]:
+            key = (layer.bottom[0], layer.bias, layer.max_workspace)
+            groups.setdefault(key, []).append(layer)
+    position = {layer.name: i for i, layer in enumerate(layers)}
+    found = []
+    for (blob, _, _), group in groups.items():
+        first, last = position[group[0].name], position[group[-1].name]
+        if len(group) > 1 and not any(blob in layer.top for layer in layers[first:last + 1]):
+            found.append(group)
+    return found
+
+
+def stack_siblings(layers: list[Layer], blobs: dict, fuse, device_kind) -> tuple[list, dict]:
+    """``(layers, stacked)``: with ``fuse`` ``"all"`` (``fusion_choice``'s forms) on a net set up
+    for the ``cpu`` device, ``layers`` (set up; ``blobs`` maps their blobs to ``BlobInfo``) with
+    each of ``sibling_groups`` whose outputs together have no more channels than its input run as
+    one ``StackedConvolution``, set up, in the place of its first member; ``stacked`` maps each
+    member's name to the stacked layer's. Otherwise ``layers`` as they are."""
+    if fusion_choice(fuse) != "all" or device_kind != "cpu":
+        return layers, {}
+    from .layers.stacked_convolution import StackedConvolution
+    replaced, stacked = {}, {}
+    for group in sibling_groups(layers):
+        if sum(member.num_output for member in group) > blobs[group[0].bottom[0]].shape[1]:
+            continue
+        layer = StackedConvolution(group)
+        layer.setup([blobs[group[0].bottom[0]].shape], "cpu")
+        replaced[group[0].name] = layer
+        stacked.update({member.name: layer.name for member in group})
+    return ([replaced.get(layer.name, layer) for layer in layers
+             if layer.name in replaced or layer.name not in stacked], stacked)

@@ -29,7 +29,7 @@ from functools import cached_property
 import numpy as np
 
 from .errors import ConfigError, did_you_mean
-from .fusion import fuse_relu
+from .fusion import fuse_relu, stack_siblings
 from .layers import LAYERS, Layer, ShapeError
 
 RESERVED_KEYS = ("name", "type", "bottom", "top")
@@ -132,7 +132,9 @@ class Net:
         (``Layer.setup``), or None for a net that may run on either (workspace for both).
         ``fuse``: in-place ReLUs folded into the layer before them (``minilms.fusion``: ``"auto"``,
         ``"all"`` or True, ``"none"`` or False), after the layers are checked as written;
-        ``fused`` maps each folded ReLU to its layer."""
+        ``fused`` maps each folded ReLU to its layer. With ``"all"`` on the ``cpu`` device,
+        sibling 1x1 convolutions run as one too (``fusion.stack_siblings``), after the layers
+        are set up; ``stacked`` maps each of them to its ``StackedConvolution``."""
         self.device_kind, self.fuse = device_kind, fuse
         self.specs, self.where, self.listed = layer_specs, where, listed
         self.inputs = {name: (tuple(shape), np.dtype(dtype))
@@ -173,6 +175,12 @@ class Net:
                     raise ConfigError(f"{self._named(i, layer.name)}.top", f"a new blob name: "
                                       f"{layer.type} changes the shape {self.blobs[top].shape} "
                                       f"-> {tuple(shape)}, so it cannot work in place", top)
+        # the parameters in the order the layers draw their initial values: that of the layers
+        # before any of them is stacked (``stack_siblings``), whose draws they keep
+        self.initial_params = [(layer.param_blob(p.name), p) for layer in self.layers
+                               for p in layer.params()]
+        self.layers, self.stacked = stack_siblings(self.layers, self.blobs, fuse, device_kind)
+        self.layer = {layer.name: layer for layer in self.layers}
         self._check_in_place()
         self.backward_layers = self._backward_layers()
         self.loss_blobs = [ly.top[0] for ly in self.layers if ly.is_loss]
@@ -321,9 +329,9 @@ class Net:
 
     def _forward_step(self, index: int, layer: Layer) -> Step:
         prefix = layer.name + "."
-        params = [self._declare(prefix + p.name, p.shape, np.float32, "param")
+        params = [self._declare(layer.param_blob(p.name), p.shape, np.float32, "param")
                   for p in layer.params()]
-        learned = {prefix + p.name for p in self.learnable(layer)}
+        learned = {layer.param_blob(p.name) for p in self.learnable(layer)}
         in_place = [t for t in layer.top if t in layer.bottom]
         return Step(
             index, "forward", layer.name,
@@ -349,7 +357,7 @@ class Net:
         reads = [g for g in reads if g not in masked]
         reads += [b for b in layer.bottom if "bottom" in layer.backward_reads]
         reads += [t for t in layer.top if "top" in layer.backward_reads and t not in reads]
-        reads += [prefix + p.name for p in layer.params()]
+        reads += [layer.param_blob(p.name) for p in layer.params()]
         reads += [prefix + b.name for b in layer.saved()]
         writes, updates, accumulate, adds = [], list(masked), [], []
         for bottom in layer.bottom:
@@ -371,7 +379,8 @@ class Net:
             else:
                 writes.append(grad)
             written.add(grad)
-        writes += [self._declare(prefix + p.name + ".grad", p.shape, np.float32, "param_grad")
+        writes += [self._declare(layer.param_blob(p.name) + ".grad", p.shape, np.float32,
+                                 "param_grad")
                    for p in self.learnable(layer)]
         return Step(index, "backward", layer.name, reads=tuple(dict.fromkeys(reads)),
                     writes=tuple(writes), updates=tuple(updates),
@@ -379,11 +388,9 @@ class Net:
                     accumulate=tuple(accumulate), adds=tuple(adds))
 
     def _update_step(self, index: int, layer: Layer, optimizer_state: tuple) -> Step:
-        prefix = layer.name + "."
-        params = self.learnable(layer)
-        states = tuple(self._declare(f"{prefix}{p.name}.{state}", p.shape, np.float32,
-                                     "optimizer_state")
-                       for p in params for state in optimizer_state)
+        params = [(layer.param_blob(p.name), p) for p in self.learnable(layer)]
+        states = tuple(self._declare(f"{name}.{state}", p.shape, np.float32, "optimizer_state")
+                       for name, p in params for state in optimizer_state)
         return Step(index, "update", layer.name,
-                    reads=tuple(prefix + p.name + ".grad" for p in params),
-                    updates=tuple(prefix + p.name for p in params) + states)
+                    reads=tuple(name + ".grad" for name, _ in params),
+                    updates=tuple(name for name, _ in params) + states)

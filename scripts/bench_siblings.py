@@ -1,5 +1,6 @@
-"""Sibling 1x1 convolutions (layers that read the same blob) as one convolution with their outputs
-stacked, against each run on its own: what horizontal fusion would buy, layer group by group.
+"""Sibling 1x1 convolutions (layers that read the same blob) each on its own, against the
+``StackedConvolution`` that runs them as one with their weights stacked, group by group: what the
+net's stacking (``fusion.stack_siblings``) buys, and where it does not pay.
 
     python scripts/bench_siblings.py [--models googlenet:224:8 resnet50:224:8] [--rounds 12]
                                      [--hot] [--smoke]
@@ -12,16 +13,14 @@ inner dimension added into one another. One convolution with their weights stack
 as tall as the three together; its output then goes to the members' blobs (a copy of rows), and
 in backward their gradients come into one blob (a copy back).
 
-For each group (``sibling_groups``: Convolution layers of a 1x1 kernel, stride 1, no padding,
-dilation or groups, the same bias setting, two or more reading the same blob), alternating call by
-call in one process, with 400 MiB written before each call (``--hot``: not), so that operands
-come from memory as in the net: the members' forward and backward (dx and dW) through the ``cpu``
-engine, one after another, each member's dx added into the first's where the engine adds
-(``StepIO.adds``, as in the net), against the stacked convolution's, with its copies. The median
-ms of each; their ratio; the largest difference between the two ways' tops, dx and dW, relative
-to the largest magnitude (float32 rounding: the sums are regrouped); and the sum over the groups,
-the most an iteration would save. Nothing here is used by a net yet: it is the measurement
-behind the choice (docs/benchmarks.md).
+For each group of the net written out (``fusion.sibling_groups``, every group, stacked by the net
+or not), alternating call by call in one process, with 400 MiB written before each call
+(``--hot``: not), so that operands come from memory as in the net: the members' forward and
+backward (dx and dW) through the ``cpu`` engine, one after another, each member's dx added into
+the first's where the engine adds (``StepIO.adds``, as in the net), against the stacked layer's.
+The median ms of each; their ratio; the largest difference between the two ways' tops, dx and
+dW, relative to the largest magnitude (float32 rounding: the sums are regrouped); and the sum
+over the groups, the most an iteration would save (docs/benchmarks.md, session 54).
 
 ``--smoke``: GoogLeNet at 1/8 width on 64x64 images, batch 2, two rounds: for the test suite.
 """
@@ -32,90 +31,66 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def sibling_groups(layers) -> list:
-    """Lists of two or more Convolution layers (set up) that read the same blob with a 1x1
-    kernel, stride 1, no padding, dilation or groups, and the same bias setting, in the layers'
-    order."""
-    groups: dict = {}
-    for layer in layers:
-        if layer.type == "Convolution" and layer.kernel_size == (1, 1) and \
-                layer.stride == (1, 1) and layer.pad == (0, 0) and \
-                layer.dilation == (1, 1) and layer.groups == 1:
-            groups.setdefault((layer.bottom[0], layer.bias), []).append(layer)
-    return [group for group in groups.values() if len(group) > 1]
-
-
-def stacked(group):
-    """A Convolution with the group's outputs stacked, set up as its members are."""
-    from minilms.layers.convolution import Convolution
-    first = group[0]
-    layer = Convolution("+".join(m.name for m in group), first.bottom, ["stacked"],
-                        num_output=sum(m.num_output for m in group), kernel_size=1,
-                        bias=first.bias, max_workspace=first.max_workspace)
-    layer.setup(first.bottom_shapes, "cpu")
-    return layer
-
-
 def _buffers(layer, rng):
-    """A layer's arrays: ``(weight, bias or None, workspace by name, y, dy, dweight, dbias)``."""
+    """A member's arrays: ``(weight, bias or None, workspace by name, y, dy, dweight, dbias)``."""
     import numpy as np
     weight = (rng.standard_normal((layer.num_output, layer.in_group, 1, 1), dtype=np.float32)
               * 0.05)
     bias = np.zeros(layer.num_output, np.float32) if layer.bias else None
-    work = {spec.name: np.empty(spec.shape, spec.dtype_in(np.float32))
-            for spec in layer.workspace()}
     y = np.empty(layer.top_shapes[0], np.float32)
     dy = rng.standard_normal(layer.top_shapes[0], dtype=np.float32)
-    return weight, bias, work, y, dy, np.empty_like(weight), \
+    return weight, bias, _work(layer), y, dy, np.empty_like(weight), \
         None if bias is None else np.empty_like(bias)
 
 
-def _step(layer, x, dx, arrays, adds):
-    """The layer's forward and backward on ``x`` (``dx`` added into where ``adds``)."""
-    from minilms.layers import StepIO
-    weight, bias, work, y, dy, dweight, dbias = arrays
-    params = {"weight": weight} if bias is None else {"weight": weight, "bias": bias}
-    grads = {"weight": dweight} if bias is None else {"weight": dweight, "bias": dbias}
-    layer.forward(StepIO(bottom=[x], top=[y], params=params, work=work))
-    layer.backward(StepIO(bottom=[x], top=[None], params=params, work=work, top_grad=[dy],
-                          bottom_grad=[dx], param_grad=grads,
-                          adds=frozenset({0}) if adds else frozenset()))
+def _work(layer):
+    import numpy as np
+    return {spec.name: np.empty(spec.shape, spec.dtype_in(np.float32))
+            for spec in layer.workspace()}
+
+
+def _params(layer, arrays, which=(0, 1)):
+    """A member's parameters (``which``: ``(0, 1)``) or their gradients (``(5, 6)``) by name."""
+    weight, bias = (arrays[i] for i in which)
+    return {"weight": weight} if bias is None else {"weight": weight, "bias": bias}
 
 
 def group_calls(group, rng):
-    """``(members, stacked)``: the two ways through the group, each a call (forward then
-    backward), their arrays bound."""
+    """``(members, stacked, error)``: the two ways through the group, each a call (forward then
+    backward) with its arrays bound, and the largest difference of their results."""
     import numpy as np
+
+    from minilms.layers import StepIO
+    from minilms.layers.stacked_convolution import StackedConvolution
     x = rng.standard_normal(group[0].bottom_shapes[0], dtype=np.float32)
     dx, dx_stacked = np.empty_like(x), np.empty_like(x)
     own = [_buffers(layer, rng) for layer in group]
-    fused = stacked(group)
-    together = _buffers(fused, rng)
-    bounds = np.cumsum([0] + [m.num_output for m in group])
-    together[0][...] = np.concatenate([arrays[0] for arrays in own])    # the same weights
+    stacked = StackedConvolution(group)      # sets its members up again, as the net does
+    stacked.setup([x.shape], "cpu")
+    work = _work(stacked)
+    params = {f"{m.name}.{k}": v for m, a in zip(group, own) for k, v in _params(m, a).items()}
+    grads = {name: np.empty_like(value) for name, value in params.items()}
     tops = [np.empty_like(arrays[3]) for arrays in own]    # the members' blobs, stacked way
     partial = np.empty_like(x) if not all(m.adds_bottom_grad for m in group[1:]) else None
 
     def members():
         for i, (layer, arrays) in enumerate(zip(group, own)):
             adds = i > 0 and layer.adds_bottom_grad
-            _step(layer, x, partial if i > 0 and not adds else dx, arrays, adds)
+            out = partial if i > 0 and not adds else dx
+            layer.forward(StepIO(bottom=[x], top=[arrays[3]], params=_params(layer, arrays),
+                                 work=arrays[2]))
+            layer.backward(StepIO(bottom=[x], top=[None], params=_params(layer, arrays),
+                                  work=arrays[2], top_grad=[arrays[4]], bottom_grad=[out],
+                                  param_grad=_params(layer, arrays, (5, 6)),
+                                  adds=frozenset({0}) if adds else frozenset()))
             if i > 0 and not adds:
                 np.add(dx, partial, out=dx)
 
     def one():
-        y, dy = together[3], together[4]
-        from minilms.layers import StepIO
-        weight, bias, work = together[0], together[1], together[2]
-        params = {"weight": weight} if bias is None else {"weight": weight, "bias": bias}
-        fused.forward(StepIO(bottom=[x], top=[y], params=params, work=work))
-        for top, arrays, start, stop in zip(tops, own, bounds[:-1], bounds[1:]):
-            top[...] = y[:, start:stop]           # the members' tops, as a slice layer writes
-            dy[:, start:stop] = arrays[4]         # their gradients, gathered back in backward
-        grads = {"weight": together[5]} if bias is None else \
-            {"weight": together[5], "bias": together[6]}
-        fused.backward(StepIO(bottom=[x], top=[None], params=params, work=work, top_grad=[dy],
-                              bottom_grad=[dx_stacked], param_grad=grads))
+        stacked.forward(StepIO(bottom=[x], top=tops, params=params, work=work))
+        stacked.backward(StepIO(bottom=[x], top=[None] * len(group), params=params, work=work,
+                                top_grad=[arrays[4] for arrays in own],
+                                bottom_grad=[dx_stacked], param_grad=grads))
 
     def error():
         """The largest difference of the two ways' results (tops, dx, dW), relative to the
@@ -123,8 +98,8 @@ def group_calls(group, rng):
         members()
         one()
         pairs = [(dx, dx_stacked)] + [
-            pair for top, arrays, start, stop in zip(tops, own, bounds[:-1], bounds[1:])
-            for pair in ((arrays[3], top), (arrays[5], together[5][start:stop]))]
+            pair for layer, top, arrays in zip(group, tops, own)
+            for pair in ((arrays[3], top), (arrays[5], grads[f"{layer.name}.weight"]))]
         return max(float(np.abs(a - b).max() / max(np.abs(a).max(), 1e-30)) for a, b in pairs)
     return members, one, error
 
@@ -133,6 +108,8 @@ def time_groups(nets, rounds, cold):
     """A row per group of ``nets``; returns the summed medians ``(members, stacked)``, seconds."""
     import numpy as np
     from bench_slotted import _alternate_timed, flushed, timed
+
+    from minilms.fusion import sibling_groups
     rng = np.random.default_rng(0)
     flush = np.ones(400 * 2**20 // 4, np.float32) if cold else None
     print(f"{'group':34} {'input':>16} {'outputs':>14} {'apart':>8} {'stacked':>8} "
@@ -168,7 +145,7 @@ def main(argv=None) -> int:
         [parse_case(text, "bench_siblings: --models") for text in args.models]
     rounds = 2 if args.smoke else args.rounds
     for case in cases:
-        net, _ = build(dict(case, lms=False), np)
+        net, _ = build(dict(case, lms=False), np, fuse="none")     # every group, apart
         print(f"\n{case['model']} {case['size']} b{case['batch']}:")
         apart, together = time_groups([net], rounds, not args.hot)
         if apart:

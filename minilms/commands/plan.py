@@ -169,8 +169,9 @@ def report(config, link=None, summary: bool = False, least_split: bool = False) 
     out.append(chosen)
     out += [f"note: {note}" for note in plan.notes]
     if net.fuse != fused[0]:
+        siblings = ", and sibling 1x1 convolutions apart" if device_kind(config) == "cpu" else ""
         out.append(f"note: model.fuse {config.model.fuse}: the ReLUs after the adds stay layers "
-                   "of their own (no plan of the net with them fused fits this pool)")
+                   f"of their own{siblings} (no plan of the net so fused fits this pool)")
     if not summary:
         kinds = {s.step.kind for s in plan.steps}
         out += ["", table(layer_rows(net, plan), any(s.step.part for s in plan.steps),

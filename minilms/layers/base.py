@@ -169,6 +169,12 @@ class Layer:
     def params(self) -> list[ParamSpec]:
         return []
 
+    def param_blob(self, name: str) -> str:
+        """The net's blob of this layer's parameter ``name`` (a ``ParamSpec.name``):
+        ``<layer>.<name>``. A layer that runs other layers' parameters as its own
+        (``StackedConvolution``) keeps their blobs, and so their names in checkpoints."""
+        return f"{self.name}.{name}"
+
     def saved(self) -> list[BufferSpec]:
         return []
 

@@ -266,8 +266,9 @@ def recompute_step(net: Net, layer) -> Step:
     ``ShapeError`` for a layer that cannot be recomputed."""
     reads, writes = recompute_reads(layer), recompute_writes(layer)
     prefix = layer.name + "."
-    own = [prefix + name for name in reads["params"] + reads["saved"] + writes["saved"]
-           + reads["workspace"]]
+    params = [layer.param_blob(name) for name in reads["params"]]
+    own = params + [prefix + name for name in reads["saved"] + writes["saved"]
+                    + reads["workspace"]]
     missing = [name for name in own if name not in net.blobs]
     if missing:
         raise ValueError(f"layer {layer.name}: blobs {missing} are not declared: make the net's "
@@ -275,7 +276,7 @@ def recompute_step(net: Net, layer) -> Step:
     overwritten = in_place(layer)
     return Step(-1, "forward", layer.name,
                 reads=tuple(b for b in reads["bottom"] if b not in overwritten)
-                + tuple(prefix + n for n in reads["params"] + reads["saved"]),
+                + tuple(params) + tuple(prefix + n for n in reads["saved"]),
                 writes=tuple(t for t in writes["top"] if t not in overwritten)
                 + tuple(prefix + n for n in writes["saved"]),
                 updates=tuple(overwritten),

@@ -44,10 +44,8 @@ class Executor:
     def initialise(self, seed: int) -> None:
         """Parameters from their initialisers (seeded), optimizer state zeroed, on the host."""
         rng = np.random.default_rng(seed)
-        for layer in self.net.layers:
-            for spec in layer.params():
-                blob = self.blobs[f"{layer.name}.{spec.name}"]
-                spec.fill(blob.mutable_host_data(overwrite=True), rng)
+        for name, spec in self.net.initial_params:
+            spec.fill(self.blobs[name].mutable_host_data(overwrite=True), rng)
         for blob in self.blobs.values():
             if blob.role == "optimizer_state":
                 blob.mutable_host_data()[...] = 0
@@ -147,7 +145,8 @@ class Executor:
         prefix = layer.name + "."
         return ([(b, "u" if b in layer.top else "r") for b in layer.bottom],
                 [(t, "u" if t in layer.bottom else "w") for t in layer.top],
-                [(p.name, prefix + p.name, "r" if p.learnable else "u") for p in layer.params()],
+                [(p.name, layer.param_blob(p.name), "r" if p.learnable else "u")
+                 for p in layer.params()],
                 [(b.name, prefix + b.name) for b in layer.saved()],
                 [(b.name, prefix + b.name) for b in layer.workspace()])
 
@@ -169,14 +168,14 @@ class Executor:
                 [(f"{t}.grad", top_access) if f"{t}.grad" in self.blobs else None
                  for t in layer.top],
                 bottom_grad,
-                [(p.name, prefix + p.name) for p in layer.params()],
+                [(p.name, layer.param_blob(p.name)) for p in layer.params()],
                 [(b.name, prefix + b.name) for b in layer.saved()],
                 [(b.name, prefix + b.name) for b in layer.workspace()],
-                [(p.name, f"{prefix}{p.name}.grad") for p in self.net.learnable(layer)],
+                [(p.name, layer.param_blob(p.name) + ".grad") for p in self.net.learnable(layer)],
                 frozenset(i for i, b in enumerate(layer.bottom) if f"{b}.grad" in step.adds))
 
     def _update_names(self, step: Step, layer, states: tuple) -> list:
-        names = [f"{layer.name}.{spec.name}" for spec in self.net.learnable(layer)]
+        names = [layer.param_blob(spec.name) for spec in self.net.learnable(layer)]
         return [(name, f"{name}.grad", [f"{name}.{s}" for s in states]) for name in names]
 
     def forward(self, step: Step, train: bool) -> None:
@@ -233,7 +232,7 @@ class Executor:
                             for b in layer.bottom],
                     top=[self._update(t) if t in layer.bottom else self._write(t)
                          for t in layer.top],
-                    params={p.name: self._read(prefix + p.name) if p.learnable else None
+                    params={p.name: self._read(layer.param_blob(p.name)) if p.learnable else None
                             for p in layer.params()},
                     saved=saved, work=self._buffers(layer, layer.workspace(), self._write),
                     train=True, rng=self.rng, stream=self.stream())
