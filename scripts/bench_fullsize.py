@@ -155,7 +155,7 @@ def torch_setup(case):
     import numpy as np
     from bench_vs_torch import torch_model
     torch.set_num_threads(case["threads"])
-    net, inputs = build(case, np)
+    net, inputs = build(case, np, fuse="none")     # the net as written: one module per layer
     model, _ = torch_model(torch, net)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
