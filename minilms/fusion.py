@@ -139,15 +139,17 @@ def sibling_groups(layers: list[Layer]) -> list[list[Layer]]:
 def stack_siblings(layers: list[Layer], blobs: dict, fuse, device_kind) -> tuple[list, dict]:
     """``(layers, stacked)``: with ``fuse`` ``"all"`` (``fusion_choice``'s forms) on a net set up
     for the ``cpu`` device, ``layers`` (set up; ``blobs`` maps their blobs to ``BlobInfo``) with
-    each of ``sibling_groups`` whose outputs together have no more channels than its input run as
-    one ``StackedConvolution``, set up, in the place of its first member; ``stacked`` maps each
+    each of ``sibling_groups`` whose outputs together have no more channels than its input (and
+    one sample of whose stacked output fits the members' ``max_workspace``) run as one
+    ``StackedConvolution``, set up, in the place of its first member; ``stacked`` maps each
     member's name to the stacked layer's. Otherwise ``layers`` as they are."""
     if fusion_choice(fuse) != "all" or device_kind != "cpu":
         return layers, {}
     from .layers.stacked_convolution import StackedConvolution
     replaced, stacked = {}, {}
     for group in sibling_groups(layers):
-        if sum(member.num_output for member in group) > blobs[group[0].bottom[0]].shape[1]:
+        shape, outputs = blobs[group[0].bottom[0]].shape, sum(m.num_output for m in group)
+        if outputs > shape[1] or 4 * outputs * shape[2] * shape[3] > group[0].max_workspace:
             continue
         layer = StackedConvolution(group)
         layer.setup([blobs[group[0].bottom[0]].shape], "cpu")

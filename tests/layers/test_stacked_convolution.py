@@ -139,6 +139,15 @@ def test_googlenet_stacks_the_groups_whose_outputs_are_no_wider_than_their_input
     assert len(sibling_groups(googlenet(1, 224, 1, fuse="none").layers)) == 9
     assert not googlenet(1, 224, 1, device_kind=None).stacked
     assert not googlenet(1, 224, 1, fuse="auto").stacked
+    # at 2240x2240 one sample of inc3a's stacked output (176 x 280 x 280) is 52.6 MiB: within
+    # the default 64 MiB workspace bound, and not within 48 MiB
+    big = googlenet(1, 2240, 1)
+    assert "inc3a_1x1" in big.stacked and big.layer[big.stacked["inc3a_1x1"]].chunk == 1
+    tight = [dict(spec, max_workspace=48 * MiB) if spec.get("type") == "Convolution" else spec
+             for spec in zoo.googlenet(num_classes=4)]
+    small = Net(tight, {"data": ((1, 3, 2240, 2240), np.float32), "label": ((1,), np.int32)},
+                device_kind="cpu", fuse="all")
+    assert "inc3a_1x1" not in small.stacked and "inc4a_1x1" in small.stacked
     resnet = Net(zoo.resnet(50), {"data": ((1, 3, 224, 224), np.float32),
                                   "label": ((1,), np.int32)}, device_kind="cpu", fuse="all")
     assert not resnet.stacked
