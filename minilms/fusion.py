@@ -101,10 +101,11 @@ def fuse_relu(layers: list[Layer], which="all") -> tuple[list[Layer], dict]:
         if which != "none" and fusible_relu(layer):
             blob = layer.bottom[0]
             before = out[last[blob]] if blob in last else None
-            if before is not None and before.top == [blob] and blob not in before.bottom \
-                    and hasattr(before, "with_relu") and not getattr(before, "relu", False):
+            if before is not None and before.top == [blob] and hasattr(before, "with_relu") \
+                    and not getattr(before, "relu", False):
                 taken = before.with_relu()
-                if which == "all" or taken.backward_reads <= before.backward_reads:
+                if (blob not in before.bottom or "bottom" not in taken.backward_reads) and \
+                        (which == "all" or taken.backward_reads <= before.backward_reads):
                     out[last[blob]] = taken
                     fused[layer.name] = before.name
                     continue

@@ -18,14 +18,17 @@ class _Builder:
     def channels(self, c: int) -> int:
         return max(1, c // self.width)
 
-    def add(self, name, type_, bottom, **options):
-        self.layers.append({"name": name, "type": type_, "bottom": bottom, "top": name, **options})
-        return name
+    def add(self, name, type_, bottom, top=None, **options):
+        self.layers.append({"name": name, "type": type_, "bottom": bottom, "top": top or name,
+                            **options})
+        return top or name
 
-    def conv_bn(self, name, bottom, out, kernel, stride=1, pad=0, relu=True):
-        top = self.add(name, "Convolution", bottom, num_output=self.channels(out),
-                       kernel_size=kernel, stride=stride, pad=pad, bias=False)
-        top = self.add(f"{name}_bn", "BatchNorm", top)
+    def conv_bn(self, name, bottom, out, kernel, stride=1, pad=0, relu=True, top=None):
+        """Convolution, BatchNorm (its top ``top``, default its own name) and, with ``relu``,
+        an in-place ReLU."""
+        conv = self.add(name, "Convolution", bottom, num_output=self.channels(out),
+                        kernel_size=kernel, stride=stride, pad=pad, bias=False)
+        top = self.add(f"{name}_bn", "BatchNorm", conv, top=top)
         if relu:
             self.layers.append({"name": f"{name}_relu", "type": "ReLU", "bottom": top, "top": top})
         return top
@@ -64,9 +67,12 @@ RESNET_BLOCKS = {18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)),
                  152: ("bottleneck", (3, 8, 36, 3))}
 
 
-def resnet(depth: int = 18, num_classes: int = 1000, width: int = 1) -> list:
+def resnet(depth: int = 18, num_classes: int = 1000, width: int = 1,
+           in_place_adds: bool = True) -> list:
     """He et al.'s ResNet (v1.5: stride in the 3x3 of a bottleneck), for 224x224 ImageNet images;
-    any input of at least 32x32 works."""
+    any input of at least 32x32 works. Each block's add works in place over its branch's last
+    BatchNorm output, as torchvision's ``out += identity`` (``in_place_adds=False``: a top of its
+    own, as Caffe's prototxts write it; the same numbers)."""
     if depth not in RESNET_BLOCKS:
         raise ValueError(f"ResNet depth must be one of {sorted(RESNET_BLOCKS)}, found {depth}")
     kind, counts = RESNET_BLOCKS[depth]
@@ -83,20 +89,25 @@ def resnet(depth: int = 18, num_classes: int = 1000, width: int = 1) -> list:
             shortcut = top
             if stride != 1 or in_channels != out:
                 shortcut = b.conv_bn(f"{name}_proj", top, out, 1, stride=stride, relu=False)
+            # in place, the branch's last BatchNorm writes the block's blob and the add sums
+            # into it: one blob a block fewer, and one pass less over fresh memory each way
+            # (docs/lms.md, "Residual adds in place")
+            branch = name if in_place_adds else None
             if kind == "basic":
                 x = b.conv_bn(f"{name}_1", top, planes, 3, stride=stride, pad=1)
-                x = b.conv_bn(f"{name}_2", x, planes, 3, pad=1, relu=False)
+                x = b.conv_bn(f"{name}_2", x, planes, 3, pad=1, relu=False, top=branch)
             else:
                 x = b.conv_bn(f"{name}_1", top, planes, 1)
                 x = b.conv_bn(f"{name}_2", x, planes, 3, stride=stride, pad=1)
-                x = b.conv_bn(f"{name}_3", x, out, 1, relu=False)
-            top = b.add(name, "Eltwise", [shortcut, x])
+                x = b.conv_bn(f"{name}_3", x, out, 1, relu=False, top=branch)
+            top = b.add(name, "Eltwise", [shortcut, x], branch)
             b.layers.append({"name": f"{name}_relu", "type": "ReLU", "bottom": top, "top": top})
             in_channels = out
     return b.head(top, num_classes)
 
 
-def preact_resnet(depth: int = 1001, num_classes: int = 10, width: int = 1) -> list:
+def preact_resnet(depth: int = 1001, num_classes: int = 10, width: int = 1,
+                  in_place_adds: bool = True) -> list:
     """He et al.'s pre-activation ResNet for 32x32 CIFAR images ("Identity Mappings in Deep
     Residual Networks", 2016; their released resnet-pre-act.lua): a 3x3 convolution to 16
     channels, then three stages of ``(depth - 2) / 9`` bottleneck units (111 for ResNet-1001)
@@ -106,7 +117,8 @@ def preact_resnet(depth: int = 1001, num_classes: int = 10, width: int = 1) -> l
     (and, from the second stage, halves the size in its first 1x1), so its BN-ReLU comes first
     and feeds both its convolutions and a 1x1 projection shortcut. Convolutions have no bias
     (BN follows each): ResNet-1001 has the paper's 10.2M convolution weights (10.3M learnable
-    parameters with BN's scales and shifts and the classifier).
+    parameters with BN's scales and shifts and the classifier). The adds work in place over the
+    last convolution's output, as in ``resnet``.
 
     Deep on purpose: 3,340 layers and 8,683 steps of small blobs, the planner's test of depth."""
     if depth < 11 or (depth - 2) % 9:
@@ -119,9 +131,9 @@ def preact_resnet(depth: int = 1001, num_classes: int = 10, width: int = 1) -> l
         b.layers.append({"name": f"{name}_relu", "type": "ReLU", "bottom": top, "top": top})
         return top
 
-    def conv(name, bottom, out, kernel, stride=1):
-        return b.add(name, "Convolution", bottom, num_output=b.channels(out), kernel_size=kernel,
-                     stride=stride, pad=kernel // 2, bias=False)
+    def conv(name, bottom, out, kernel, stride=1, top=None):
+        return b.add(name, "Convolution", bottom, top, num_output=b.channels(out),
+                     kernel_size=kernel, stride=stride, pad=kernel // 2, bias=False)
 
     top = conv("conv1", "data", 16, 3)
     in_channels = 16
@@ -134,8 +146,9 @@ def preact_resnet(depth: int = 1001, num_classes: int = 10, width: int = 1) -> l
             shortcut = top if in_channels == out else conv(f"{name}_proj", x, out, 1, stride)
             x = conv(f"{name}_1", x, planes, 1, stride)
             x = conv(f"{name}_2", bn_relu(f"{name}_bn2", x), planes, 3)
-            x = conv(f"{name}_3", bn_relu(f"{name}_bn3", x), out, 1)
-            top = b.add(name, "Eltwise", [shortcut, x])
+            branch = name if in_place_adds else None
+            x = conv(f"{name}_3", bn_relu(f"{name}_bn3", x), out, 1, top=branch)
+            top = b.add(name, "Eltwise", [shortcut, x], branch)
             in_channels = out
     return b.head(bn_relu("post_bn", top), num_classes)
 

@@ -44,11 +44,15 @@ def build(layers, n=2, c=2, size=6, train=True, state=("momentum",)):
 
 NETS = {
     "residual+inception": lambda: build(RESIDUAL_INCEPTION),
-    "resnet18/16": lambda: build(zoo.resnet(18, num_classes=4, width=16), 4, 3, 32),
+    # the adds apart, as the nets were when SAME_DECISIONS was taken
+    "resnet18/16": lambda: build(zoo.resnet(18, num_classes=4, width=16, in_place_adds=False),
+                                 4, 3, 32),
     "googlenet/32": lambda: build(zoo.googlenet(num_classes=4, width=32), 2, 3, 64),
     "lenet eval": lambda: build(zoo.lenet(), 8, 1, 28, train=False),
-    "resnet18/16 adam": lambda: build(zoo.resnet(18, num_classes=4, width=16), 2, 3, 32,
+    "resnet18/16 adam": lambda: build(zoo.resnet(18, num_classes=4, width=16,
+                                                 in_place_adds=False), 2, 3, 32,
                                       state=("exp_avg", "exp_avg_sq")),
+    "resnet18/16 adds in place": lambda: build(zoo.resnet(18, num_classes=4, width=16), 4, 3, 32),
 }
 _built = {}
 

@@ -159,14 +159,15 @@ def test_cuda_recompute_trains_bit_for_bit():
 
 def test_auto_recomputes_where_the_link_is_slow_and_not_where_it_is_free():
     """``auto`` keeps the plan the cost model predicts fastest: over a slow link (copies at
-    1 MB/s, compute nearly free), in a pool 1.1 times the largest working set, it rebuilds
+    1 MB/s, compute nearly free), in a pool 1.05 times the largest working set, it rebuilds
     memory-bound layers' outputs: dropped rather than swapped out, their space takes a load at
     once, where a swap-out's space makes the load wait for it (the copy streams run each way at
     once, so the time is not the bytes moved: this plan moves a few percent more, and is
     predicted a fifth faster). Over a link as fast as compute is slow, it recomputes nothing.
-    Its plan is never predicted slower than the plan without recompute."""
+    Its plan is never predicted slower than the plan without recompute. (With the adds apart
+    it recomputed in 1.1 times; in place their blobs are fewer, and there nothing is rebuilt.)"""
     net, steps = build(zoo.resnet(18, num_classes=4, width=16), 4, 3, 32)
-    capacity = int(max(working_set_bytes(net, s) for s in steps) * 1.1)
+    capacity = int(max(working_set_bytes(net, s) for s in steps) * 1.05)
     slow = cost.CostModel(1e15, 1e15, 1e6, "slow link")
     plan = cost.plan_for(net, steps, capacity, Policy(policy="auto", recompute="auto"), slow)
     check_plan(plan)

@@ -7,6 +7,10 @@ it backward reads no forward blob at all, so LMS keeps nothing for it; with it, 
 as the ReLU's own backward would. Fused, the layer gives the two layers' numbers bit for bit in
 one pass over memory each way fewer (``kernels.elementwise.axpby_relu``, ``relu_backward_scale``).
 Only ``operation: sum`` exists: product and max are not used by the nets minilms builds.
+
+In place (the top one of the first two bottoms, as the zoo's ResNets add the shortcut into the
+branch, torchvision's ``out += identity``): the sum overwrites that bottom, and backward writes
+that bottom's gradient over the top's last, after the others have read it.
 """
 import math
 
@@ -43,10 +47,10 @@ class Eltwise(Layer):
         if len(self.coeffs) != len(self.bottom):
             raise ShapeError(self, "coeffs", f"{len(self.bottom)} coefficients", len(self.coeffs))
         self.relu = relu
+        if self.top[0] in self.bottom[2:]:
+            raise ShapeError(self, "top", "a blob of its own, or bottom 0 or 1 (the sum "
+                             "writes its top before it reads bottom 2 on)", repr(self.top[0]))
         if relu:
-            if self.top[0] in self.bottom:
-                raise ShapeError(self, "top", "a blob of its own with relu: true (backward "
-                                 "reads it)", repr(self.top[0]))
             self.backward_reads = frozenset({"top"})
 
     def with_relu(self) -> "Eltwise":
@@ -64,8 +68,9 @@ class Eltwise(Layer):
         elementwise.eltwise_sum(io.bottom, io.top[0], self.coeffs, io.stream, relu=self.relu)
 
     def backward(self, io):
-        wanted = [(grad, coeff) for grad, coeff in zip(io.bottom_grad, self.coeffs)
-                  if grad is not None]
+        wanted = [(grad, coeff) for blob, grad, coeff in sorted(
+            zip(self.bottom, io.bottom_grad, self.coeffs), key=lambda b: b[0] == self.top[0])
+            if grad is not None]    # a bottom the top overwrote last: its gradient is the top's
         if not self.relu:
             for grad, coeff in wanted:
                 elementwise.scale(io.top_grad[0], coeff, grad, io.stream)

@@ -79,8 +79,10 @@ def test_eltwise_errors():
         make("Eltwise", ("a",))
     with pytest.raises(ShapeError, match="relu: expected true or false, found 'yes'"):
         make("Eltwise", ("a", "b"), relu="yes")
-    with pytest.raises(ShapeError, match="top: expected a blob of its own with relu: true"):
-        LAYERS["Eltwise"]("l", ["a", "b"], ["a"], relu=True)
+    with pytest.raises(ShapeError, match="top: expected a blob of its own, or bottom 0 or 1"):
+        LAYERS["Eltwise"]("l", ["a", "b", "c"], ["c"])
+    # in place with its ReLU is allowed: backward reads the top, which nothing changes after
+    assert LAYERS["Eltwise"]("l", ["a", "b"], ["a"], relu=True).backward_reads == {"top"}
 
 
 @pytest.mark.parametrize("kind", KINDS)
