@@ -38,8 +38,8 @@ def layer_for(shape, direct: bool):
     (``direct``), or nothing (every ``pays`` rule off during setup)."""
     from unittest import mock
 
-    from minilms.kernels.direct import conv, input_grad, weight_grad
-    from minilms.layers import LAYERS
+    from minilms.kernels.direct.rules import conv, input_grad, weight_grad   # where the engine
+    from minilms.layers import LAYERS                                         # reads them
     _, n, c, h, out, k, s, p = shape
 
     def never(*args):
@@ -57,6 +57,9 @@ def layer_for(shape, direct: bool):
     finally:
         for rule in rules:
             rule.stop()
+    if not direct and paths(layer) != "fwd gemm, dW gemm, dx gemm":   # the contrast holds
+        raise RuntimeError(f"{shape[0]}: the engine took {paths(layer)} with every rule off: "
+                           "it reads its rules elsewhere (kernels/direct/rules)")
     return layer, top
 
 
