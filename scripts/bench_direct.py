@@ -38,8 +38,9 @@ def layer_for(shape, direct: bool):
     (``direct``), or nothing (every ``pays`` rule off during setup)."""
     from unittest import mock
 
-    from minilms.kernels.direct.rules import conv, input_grad, weight_grad   # where the engine
-    from minilms.layers import LAYERS                                         # reads them
+    # the rules where the engine reads them
+    from minilms.kernels.direct.rules import conv, input_grad, weight_grad
+    from minilms.layers import LAYERS
     _, n, c, h, out, k, s, p = shape
 
     def never(*args):

@@ -123,14 +123,15 @@ def _alternate_timed(runs, rounds):
 
 @contextlib.contextmanager
 def slots_nowhere():
-    """Nets built inside take no slots (every layer asks ``slotted.count``)."""
-    from minilms.kernels import slotted
-    count = slotted.count
-    slotted.count = lambda *args: 1
+    """Nets built inside take no slots (every layer asks ``shapes.count``, where
+    ``layers.convolution`` reads it)."""
+    from minilms.kernels import shapes
+    count = shapes.count
+    shapes.count = lambda *args: 1
     try:
         yield
     finally:
-        slotted.count = count
+        shapes.count = count
 
 
 def takes_slots(layer) -> bool:

@@ -173,7 +173,7 @@ def path_switch(name: str):
     """``(nowhere, takes)`` for one of ``WHOLE_LAYER_PATHS``: a context inside which nets are
     built without it (the engine asks its ``pays``), and whether a layer took it."""
     import importlib
-    module = importlib.import_module(f"minilms.kernels.direct.{name}")
+    module = importlib.import_module(f"minilms.kernels.direct.rules.{name}")  # the engine's
     attribute = WHOLE_LAYER_PATHS[name]
     return (lambda: patched(module, "pays", lambda *args: False),
             lambda layer: bool(getattr(getattr(layer, "fast", None), attribute, 0)))
@@ -193,6 +193,8 @@ def time_training(case, pairs, nowhere, takes):
         with nowhere() if label == "nowhere" else contextlib.nullcontext():
             net, inputs = build(case, np)
         taken = sum(1 for layer in net.layers if takes(layer))
+        if label == "nowhere" and taken:        # the switch missed where the engine reads it
+            raise RuntimeError(f"{taken} layers took the path with it switched off")
         pool = resident_bytes(net, net.schedule(("momentum",))) + 2**20
         device = make_device("cpu", pool)
         executor = LmsExecutor(net, device, SGD(0.01, momentum=0.9), Policy(enabled=False))
