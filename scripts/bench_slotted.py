@@ -123,15 +123,19 @@ def _alternate_timed(runs, rounds):
 
 @contextlib.contextmanager
 def slots_nowhere():
-    """Nets built inside take no slots (every layer asks ``shapes.count``, where
-    ``layers.convolution`` reads it)."""
+    """Nets built inside take no slots (every layer asks ``shapes.count``: the im2col path
+    through ``kernels.shapes``, the direct engine by the name it imported)."""
     from minilms.kernels import shapes
-    count = shapes.count
-    shapes.count = lambda *args: 1
+    from minilms.kernels.direct import engine
+    readers = (shapes, engine)
+    counts = [reader.count for reader in readers]
+    for reader in readers:
+        reader.count = lambda *args: 1
     try:
         yield
     finally:
-        shapes.count = count
+        for reader, count in zip(readers, counts):
+            reader.count = count
 
 
 def takes_slots(layer) -> bool:
