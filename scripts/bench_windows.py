@@ -180,8 +180,28 @@ def path_switch(name: str):
 
 
 def time_training(case, pairs, nowhere, takes):
-    """A net built twice, under ``nowhere()`` and as it is, iterations alternating in pairs:
-    ``(layers that ``takes`` counts, median s nowhere, median s as built, median pair ratio)``."""
+    """A net built twice, under ``nowhere()`` and as it is, iterations alternating in pairs, and
+    again with the two built in the other order, half the pairs each: ``(layers that ``takes``
+    counts, median s nowhere, median s as built, the two orders' median pair ratios' geometric
+    mean, (the ratio with ``nowhere`` built first, with it built second))``. Both orders, because
+    on a VM of session 55 the executor built second ran 2-6% faster even when the two were the
+    same (docs/benchmarks.md, session 55)."""
+    import numpy as np
+    seconds = {"nowhere": [], "where they pay": []}
+    ratios, taken = [], 0
+    for order in (("nowhere", "where they pay"), ("where they pay", "nowhere")):
+        got = _alternated(case, max(1, pairs // 2), nowhere, takes, order)
+        taken = got.pop("taken")
+        for label, times in got.items():
+            seconds[label] += times
+        off, on = np.array(got["nowhere"]), np.array(got["where they pay"])
+        ratios.append(float(np.median(off / on)))
+    off, on = (float(np.median(times)) for times in seconds.values())
+    return taken, off, on, float(np.sqrt(ratios[0] * ratios[1])), tuple(ratios)
+
+
+def _alternated(case, pairs, nowhere, takes, order) -> dict:
+    """``{label: [s an iteration]}`` of the two nets built in ``order``, and ``"taken"``."""
     import numpy as np
     from bench_fullsize import build
 
@@ -189,7 +209,7 @@ def time_training(case, pairs, nowhere, takes):
     from minilms.lms import LmsExecutor, Policy, resident_bytes
     from minilms.solver import SGD
     runs = {}
-    for label in ("nowhere", "where they pay"):
+    for label in order:
         with nowhere() if label == "nowhere" else contextlib.nullcontext():
             net, inputs = build(case, np)
         taken = sum(1 for layer in net.layers if takes(layer))
@@ -211,9 +231,7 @@ def time_training(case, pairs, nowhere, takes):
     finally:
         for run in runs.values():
             run[2].close()
-    off, on = (np.array(seconds[label]) for label in runs)
-    return runs["where they pay"][3], float(np.median(off)), float(np.median(on)), \
-        float(np.median(off / on))
+    return {**seconds, "taken": runs["where they pay"][3]}
 
 
 def arguments(doc: str, rounds: int = 9) -> argparse.ArgumentParser:
@@ -234,11 +252,12 @@ def print_training(cases, pairs, what, nowhere, takes) -> None:
     """The training part: a row per net, LMS off, built with ``what`` where it pays and with it
     ``nowhere``, alternating (``time_training``)."""
     print(f"\n{'net (LMS off)':24} {'layers':>6} {'nowhere s':>9} {what + ' s':>10} "
-          f"{'paired nowhere/' + what:>24}")
+          f"{'paired nowhere/' + what:>24}  (nowhere built first, second)")
     for case in cases:
-        taken, off, on, paired = time_training(case, pairs, nowhere, takes)
+        taken, off, on, paired, orders = time_training(case, pairs, nowhere, takes)
         name = f"{case['model']} {case['size']} b{case['batch']}"
-        print(f"{name:24} {taken:6d} {off:9.3f} {on:10.3f} {paired:23.3f}x")
+        print(f"{name:24} {taken:6d} {off:9.3f} {on:10.3f} {paired:23.3f}x  "
+              f"({orders[0]:.3f}x, {orders[1]:.3f}x)")
 
 
 def main(argv=None) -> int:

@@ -149,6 +149,10 @@ def test_bench_blas_smoke(capsys):
     assert re.search(r"^resnet50 32 b2 +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
     assert mkl.chosen() == before
 
+# a training row of bench_windows.print_training: seconds both ways, the paired ratio, and that
+# ratio with the net without the path built first and second
+PAIRED_ROW = r" +[\d.]+ +[\d.]+ +[\d.]+x +\([\d.]+x, [\d.]+x\)$"
+
 
 def test_bench_windows_smoke(capsys):
     """Each path a row per layer shape and pass, the windows' ratios and the engine's choice;
@@ -158,7 +162,7 @@ def test_bench_windows_smoke(capsys):
     for label in ("forward", "backward"):
         assert re.search(rf"^res2a_2 +2x4x8x8 3x3/1 +{label} +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+x "
                          r"+[\d.]+x +(yes|no)$", out, re.M), out
-    assert re.search(r"^resnet50 32 b2 +\d+ +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
+    assert re.search(rf"^resnet50 32 b2 +\d+{PAIRED_ROW}", out, re.M), out
 
 
 def test_bench_bands_smoke(capsys):
@@ -170,7 +174,7 @@ def test_bench_bands_smoke(capsys):
     for label in ("forward", "dW"):
         assert re.search(rf"^conv1 +2x3x112x112 7x7/2 +{label} +[\d.]+ +[\d.]+ +[\d.]+ "
                          r"+[\d.]+x +yes$", out, re.M), out
-    assert re.search(r"^resnet50 112 b2 +1 +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
+    assert re.search(rf"^resnet50 112 b2 +1{PAIRED_ROW}", out, re.M), out
 
 
 def test_bench_pooling_smoke(capsys):
@@ -196,7 +200,7 @@ def test_bench_slotted_smoke(capsys):
     for weight, label in (("1x1", "forward"), ("1x1", "dx"), ("3x3", "forward")):
         assert re.search(rf"^\S+ +2x\d+x\d+x\d+ +\d+x\d+x{weight} +{label} +2 +[\d.]+ +[\d.]+ "
                          r"+[\d.]+x +no$", out, re.M), (weight, label, out)
-    assert re.search(r"^resnet50 64 b2 +0 +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
+    assert re.search(rf"^resnet50 64 b2 +0{PAIRED_ROW}", out, re.M), out
 
 
 def test_bench_pointwise_smoke(capsys):
@@ -220,7 +224,7 @@ def test_bench_winograd_smoke(capsys):
     for label in ("forward", "backward"):
         assert re.search(rf"^res2a_2 +2x\d+x16x16 +\d+ {label} +[\d.]+ +[\d.]+ +[\d.]+ "
                          r"+[\d.]+ +[24] +[\d.]+x +no +\d\.\de-\d+$", out, re.M), out
-    assert re.search(r"^resnet50 64 b2 +0 +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
+    assert re.search(rf"^resnet50 64 b2 +0{PAIRED_ROW}", out, re.M), out
 
 
 def test_bench_winograd_groups_smoke(capsys):
