@@ -149,6 +149,7 @@ def test_bench_blas_smoke(capsys):
     assert re.search(r"^resnet50 32 b2 +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
     assert mkl.chosen() == before
 
+
 # a training row of bench_windows.print_training: seconds both ways, the paired ratio, and that
 # ratio with the net without the path built first and second
 PAIRED_ROW = r" +[\d.]+ +[\d.]+ +[\d.]+x +\([\d.]+x, [\d.]+x\)$"
