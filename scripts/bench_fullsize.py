@@ -117,13 +117,14 @@ def fusions(case) -> tuple:
 def training(case, fraction: int):
     """``(net, inputs, executor, pool, LMS off's pool)``, as a config's run makes them: LMS off
     (``case["lms"]`` false) in the pool it needs; LMS on (``policy: auto``) in 1/``fraction`` of
-    that, at least the least pool, the net fused as the pool allows (``fusion.first_that_plans``);
+    that, at least the least pool, the net fused as the pool allows (``fusion.first_that_plans``),
+    planned with this machine's measured rates (``cost.measure_cpu``, as the trainer plans);
     SGD with momentum."""
     import numpy as np
 
     from minilms.device import make_device
     from minilms.fusion import first_that_plans
-    from minilms.lms import LmsExecutor, Policy, least_pool, resident_bytes
+    from minilms.lms import LmsExecutor, Policy, least_pool, measure_cpu, resident_bytes
     from minilms.solver import SGD
     tried = fusions(case)
     net, inputs = build(case, np, tried[-1])      # the fusion whose least pool is least
@@ -138,7 +139,8 @@ def training(case, fraction: int):
     least_net = net
     net, executor = first_that_plans(
         tried, lambda fuse: least_net if fuse == tried[-1] else build(case, np, fuse)[0],
-        lambda net, policy: LmsExecutor(net, device, SGD(0.01, momentum=0.9), policy), policy)
+        lambda net, policy: LmsExecutor(net, device, SGD(0.01, momentum=0.9), policy,
+                                        cost_model=measure_cpu()), policy)
     return net, inputs, executor, pool, everything
 
 
