@@ -15,6 +15,7 @@ from minilms.lms import (
 from minilms.net import Net
 from minilms.solver import SGD
 
+from .devices import new_device
 from .test_executor import batch
 from .test_lms import assert_identical, train
 
@@ -29,9 +30,9 @@ def solver():
     return SGD(0.05, momentum=0.9)
 
 
-def lms_off(layers, inputs, fuse, iterations=2):
-    with make_device("cpu", 64 * MiB) as device:
-        net = Net(layers, shapes(inputs[0]), fuse=fuse)
+def lms_off(layers, inputs, fuse, iterations=2, kind="cpu"):
+    with new_device(kind, 64 * MiB) as device:
+        net = Net(layers, shapes(inputs[0]), device_kind=kind, fuse=fuse)
         return train(ResidentExecutor(net, device, solver()), inputs, iterations)
 
 
@@ -61,6 +62,16 @@ def test_an_add_in_place_over_its_middle_bottom_trains_as_the_add_apart(relu, fu
     assert "sum" not in in_place.blobs
     assert in_place.layer["sum"].relu == (relu and fuse == "all")
     assert_identical(lms_off(three_way_add(True, relu), inputs, fuse), expected)
+
+
+@pytest.mark.cuda
+@pytest.mark.simulator_slow
+def test_a_fused_add_in_place_trains_as_the_add_apart_on_cuda():
+    """The CUDA kernels too: the sum over its own bottom, the gradient that shares the top's
+    written last (under the simulator about 100 s: --runslow)."""
+    inputs = [batch(2, 2, 6, classes=4, seed=s) for s in (0, 1)]
+    expected = lms_off(three_way_add(False, True), inputs, "all", kind="cuda")
+    assert_identical(lms_off(three_way_add(True, True), inputs, "all", kind="cuda"), expected)
 
 
 def test_a_relu_after_an_add_in_place_folds_into_it():
