@@ -136,11 +136,11 @@ def training(case, fraction: int):
     else:
         policy, pool = Policy(enabled=False), everything + 2**20
     device = make_device("cpu", pool)
-    least_net = net
+    least_net, rates = net, measure_cpu()       # once, as the trainer measures them
     net, executor = first_that_plans(
         tried, lambda fuse: least_net if fuse == tried[-1] else build(case, np, fuse)[0],
         lambda net, policy: LmsExecutor(net, device, SGD(0.01, momentum=0.9), policy,
-                                        cost_model=measure_cpu()), policy)
+                                        cost_model=rates), policy)
     return net, inputs, executor, pool, everything
 
 
