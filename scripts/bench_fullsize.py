@@ -32,7 +32,10 @@ every row alike) and their share of the SGEMM rate (goal 65%), the peak resident
 minilms, the plan's host figure (``LmsExecutor.host_memory``: what the plan says the run needs,
 with the one batch the process holds and the kernels' one-time cost) and the ratio of the peak's
 growth over the process's own resident memory after its imports to it (goal: within 10%;
-``bench_host_memory.py`` says what the process itself adds).
+``bench_host_memory.py`` says what the process itself adds), marked ``*`` where the process
+compiled kernels (an empty Numba cache: the first process of a case on a new machine), whose peak
+holds the compiler's memory too (``lms.host.CPU_COMPILE_BYTES``, which ``minilms.plan`` prints
+apart): a first run's figure, not a run's.
 
 ``--big`` adds GoogLeNet at 2240x2240 with LMS on, at the largest batch whose plan's host figure
 fits in three quarters of this machine's available memory (PyTorch where LMS off would fit).
@@ -103,9 +106,20 @@ def minilms_setup(case):
     def report():
         host = executor.host_memory(batches=1)      # the one batch this process holds
         return {"rss": status_bytes("VmHWM"), "baseline": baseline, "host": host.total,
-                "pool": pool, "resident": everything,
+                "pool": pool, "resident": everything, "compiled": kernels_compiled(),
                 "flops": 3 * net_flops(net), "blas_spin_fixed": minilms.BLAS_SPIN_FIXED}
     return (lambda: executor.iterate(inputs)), report
+
+
+def kernels_compiled() -> int:
+    """The kernels this process compiled, where Numba's cache did not hold them (signatures
+    missed in the cache, over every dispatcher): a process that compiled has the compiler's
+    memory in its peak (``lms.host.CPU_COMPILE_BYTES``), a first run's and not a steady one."""
+    import gc
+
+    from numba.core.dispatcher import Dispatcher
+    return sum(len(found.stats.cache_misses) for found in gc.get_objects()
+               if isinstance(found, Dispatcher))
 
 
 def fusions(case) -> tuple:
@@ -398,7 +412,8 @@ def main(argv=None) -> int:
     header = (f"{'case':22} {'row':12} {'s/iter':>7} {'img/s':>7} {'vs torch':>8} {'GFLOP/s':>8} "
               f"{'SGEMM':>6} {'peak RSS':>10} {'plan host':>10} {'RSS/plan':>8}")
     print(header + "\n(RSS/plan: peak RSS less the process's own after its imports, over the "
-          "plan's host figure, LmsExecutor.host_memory)")
+          "plan's host figure, LmsExecutor.host_memory; *: the process compiled kernels into "
+          "Numba's cache, and its peak has the compiler's memory too)")
     print("-" * len(header))
     summary = []
     for case in cases:
@@ -445,7 +460,9 @@ def main(argv=None) -> int:
         off = abs((r["rss"] - r["baseline"]) / r["host"] - 1)
         verdicts.append(f"peak RSS over the process's baseline {off:.0%} from the plan's host "
                         f"figure (goal within "
-                        f"{GOAL_HOST:.0%}: {'met' if off <= GOAL_HOST else 'not met'})")
+                        f"{GOAL_HOST:.0%}: {'met' if off <= GOAL_HOST else 'not met'}"
+                        + (f"; compiled {r['compiled']} kernels, a first run's peak: run again "
+                           "for a run's" if r.get("compiled") else "") + ")")
         print(f"{name}, {label}: " + "; ".join(verdicts))
     return 0
 
@@ -462,6 +479,7 @@ def format_row(name, label, r, base, rate, batch) -> str:
     gflops = r["flops"] / r["seconds"]
     host = format_bytes(r["host"]) if "host" in r else "-"
     vs_plan = f"{(r['rss'] - r['baseline']) / r['host']:.2f}" if "host" in r else "-"
+    vs_plan += "*" if r.get("compiled") else ""
     return (f"{name:22} {label:12} {r['seconds']:7.3f} {batch / r['seconds']:7.2f} {ratio:>8} "
             f"{gflops / 1e9:8.0f} {gflops / rate:6.0%} {format_bytes(r['rss']):>10} {host:>10} "
             f"{vs_plan:>8}")

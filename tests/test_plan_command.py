@@ -7,7 +7,7 @@ import pytest
 
 from minilms.commands.common import run
 from minilms.commands.plan import main
-from minilms.lms.host import CPU_KERNEL_BYTES
+from minilms.lms.host import CPU_COMPILE_BYTES, CPU_KERNEL_BYTES
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 
@@ -141,6 +141,10 @@ def test_the_host_memory_line(capsys, summary):
     assert abs(batches - 4 * (32 * 3 * 32 * 32 * 4 + 32 * 4)) < 0.01 * 2**20   # 4 batches of 32
     # the test process's own size: MiB alone, GiB deep in a full test session
     assert re.search(r"^  \+ the process +[\d.]+ [KMG]iB  \(resident in this one now", out, re.M)
+    # a first run's compiler, apart from the total: a run's peak only while the cache is empty
+    first = re.search(r"^  \+ a first run +([\d.]+ \w+)  \(about this much more at its peak "
+                      r"while Numba compiles the kernels into an empty cache", out, re.M)
+    assert first and size(first.group(1)) == CPU_COMPILE_BYTES
 
 
 def test_the_host_memory_line_on_cuda_is_pinned_homes_and_no_pool(capsys):
@@ -153,6 +157,7 @@ def test_the_host_memory_line_on_cuda_is_pinned_homes_and_no_pool(capsys):
                          r"of them pinned\), [\d.]+ \w+ batches x4\)", line)
     assert found, line
     pinned, pageable, homes, pinned_homes = (size(g) for g in found.groups())
+    assert "a first run" not in out      # no cpu kernels to compile for a cuda run's host
     # the homes that cross the link every iteration are pinned; the parameters' are not
     batches = 4 * (32 * 3 * 32 * 32 * 4 + 32 * 4)
     assert 0 < pinned == pinned_homes < homes

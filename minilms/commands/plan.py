@@ -38,7 +38,7 @@ from ..lms.bounds import (
 )
 from ..lms.cost import plan_for, simulate
 from ..lms.forked import started
-from ..lms.host import host_memory, loader_batches, process_resident
+from ..lms.host import CPU_COMPILE_BYTES, host_memory, loader_batches, process_resident
 from ..lms.plan import Plan
 from ..lms.planner import make_plan
 from ..lms.recompute import RECOMPUTE, recomputed
@@ -239,6 +239,10 @@ def host_lines(plan: Plan, kind: str, prefetch: int) -> list[str]:
     if resident is not None:
         lines.append(f"  + the process      {format_bytes(resident):>12}  (resident in this one "
                      "now: Python, numpy, minilms, the net)")
+    if kind == "cpu":
+        compiling = format_bytes(CPU_COMPILE_BYTES)
+        lines.append(f"  + a first run      {compiling:>12}  (about this much more at its peak "
+                     "while Numba compiles the kernels into an empty cache: once on a machine)")
     available, _ = host_memory_info()
     if host.total + (resident or 0) > available:
         lines.append(f"note: the host needs more than the {format_bytes(available)} this machine "

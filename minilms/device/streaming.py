@@ -16,7 +16,12 @@ gain was not seen (the same section).
 64-byte streaming stores (the destination's unaligned head and tail byte by byte), anything
 smaller through ``numpy.copyto``, which leaves it in cache. The stores are weakly ordered, so
 the copy ends with a store fence: the thread that signals the copy's completion (a stream's
-event) does so after every byte is visible to the thread that waits for it. ``ENABLED``
+event) does so after every byte is visible to the thread that waits for it. The source is read
+ahead with a non-temporal prefetch (``PREFETCH_AHEAD`` bytes in front of the line being copied,
+``prefetchnta`` on x86-64): a swap-in's source is a home that has sat in memory since its
+swap-out, and one thread's loads, paced by the stores, read it more slowly than a prefetch ahead
+of them does (copies from cold memory: ``docs/benchmarks.md``, session 56); a prefetch past the
+source's end is harmless (a prefetch never faults). ``ENABLED``
 (module-wide) switches back to ``numpy.copyto`` for every size, for the benchmark's A/B. The
 bytes are the source's either way.
 """
@@ -28,11 +33,13 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["ENABLED", "LINE", "STREAM_MIN", "copy", "streams"]
+__all__ = ["ENABLED", "LINE", "PREFETCH_AHEAD", "STREAM_MIN", "copy", "streams"]
 
 ENABLED = True
 STREAM_MIN = 256 << 10     # bytes: a smaller copy's data may well be read from the cache again
 LINE = 64                  # bytes a streaming store writes: one cache line, one AVX-512 vector
+PREFETCH_AHEAD = 2048      # bytes: how far ahead of the copy the source is prefetched (measured:
+#                            1-4 KiB alike, 8 KiB slower on 2 MiB copies)
 _X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 
@@ -67,6 +74,21 @@ def _store_line(typingctx, dst_address, src_address):
 
 
 @intrinsic
+def _prefetch(typingctx, address):
+    """A hint to load the line at ``address`` for reading, non-temporal (LLVM's ``llvm.prefetch``,
+    locality 0: ``prefetchnta`` on x86-64), so that it does not displace the kernels' data."""
+    def codegen(context, builder, signature, args):
+        byte_pointer = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        prefetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        read, no_locality, data = ir.Constant(i32, 0), ir.Constant(i32, 0), ir.Constant(i32, 1)
+        builder.call(prefetch, [builder.inttoptr(args[0], byte_pointer), read, no_locality, data])
+    return types.void(types.intp), codegen
+
+
+@intrinsic
 def _fence(typingctx):
     """Orders the streaming stores before what follows: ``sfence`` on x86-64, which the
     architecture names for weakly ordered stores (LLVM's ``fence seq_cst`` becomes a locked
@@ -90,6 +112,7 @@ def _stream_bytes(dst, src):
         dst[i] = src[i]
     i = head
     while i + LINE <= n:
+        _prefetch(src_at + i + PREFETCH_AHEAD)
         _store_line(dst_at + i, src_at + i)
         i += LINE
     for j in range(i, n):

@@ -33,6 +33,11 @@
   buffers. It is nearly the same for a small net as for ResNet-152, so it is
   one measured constant (``CPU_KERNEL_BYTES``), not a sum over the plan; on ``cuda`` (the
   driver's context, the CUDA kernels) it is not measured and not counted.
+* **compiling** (``cpu``, the first run only): where Numba's cache does not hold the kernels yet
+  (a new machine, a new minilms), the first iteration compiles them, and the compiler's own memory
+  raises that run's peak by about ``CPU_COMPILE_BYTES`` more; later runs load the kernels from the
+  cache. Not in ``total``: it is no part of a run's steady need, and ``minilms.plan`` prints it
+  apart.
 
 What it does not count is the process as it stands after its imports: Python, numpy, minilms,
 the net's Python objects. ``minilms.plan`` prints that as measured in its own process,
@@ -52,6 +57,10 @@ RING_SLOTS = 2   # sets of homes for what the host writes and reads every iterat
 # bench_host_memory's "kept", from a quarter-width ResNet-18 to ResNet-152 (benchmarks.md,
 # "Why the code chose"; numba's import in it since session 51). A rounded middle, not a bound.
 CPU_KERNEL_BYTES = 160 * 2**20
+# What a first run adds on top while Numba compiles the kernels into an empty cache: ResNet-50 at
+# 224x224, batch 8, LMS off, 221 MiB more peak than the same run from the cache; GoogLeNet 283
+# MiB (benchmarks.md, session 56). A rounded middle, not a bound.
+CPU_COMPILE_BYTES = 256 * 2**20
 
 
 def ring_blobs(plan: Plan) -> list[str]:
