@@ -118,8 +118,10 @@ def kernels_compiled() -> int:
     import gc
 
     from numba.core.dispatcher import Dispatcher
+    # type(), not isinstance: gc's objects include weak proxies, whose __class__ a dead one's
+    # referent cannot give
     return sum(len(found.stats.cache_misses) for found in gc.get_objects()
-               if isinstance(found, Dispatcher))
+               if issubclass(type(found), Dispatcher))
 
 
 def fusions(case) -> tuple:

@@ -4,6 +4,7 @@ times in CI)."""
 import re
 import runpy
 import sys
+import weakref
 
 import pytest
 
@@ -251,6 +252,11 @@ def test_bench_fullsize_marks_a_peak_that_compiled(tmp_path, monkeypatch):
     source.write_text("from numba import njit\n\n\n@njit(cache=True)\ndef twice(x):\n"
                       "    return 2 * x\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+
+    class Referent:
+        pass
+    dead = weakref.proxy(Referent())    # gc's objects hold such proxies in a long test session
+    assert dead is not None
     before = fullsize["kernels_compiled"]()
     import fresh_kernel
     assert fresh_kernel.twice(3) == 6
