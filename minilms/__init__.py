@@ -11,6 +11,12 @@ import sys
 # slower on two cores (docs/benchmarks.md, "Why the code chose"). Passive waiting removes that. It
 # must be set before the OpenMP runtime starts; a value the user set wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# ...but a thread that sleeps the moment a kernel ends is woken for the next, and on a VM whose idle
+# vCPUs halt at once a wake-up cost 50-130 us: GoogLeNet's ~850 an iteration were a tenth of it.
+# Since the BLAS pieces run on Numba's threads too (``kernels.blas_calls``), the OpenMP workers may
+# spin between kernels without starving another pool: 50000 spins, about 2 ms here, before they
+# sleep (docs/benchmarks.md, session 57). A value the user set wins (0: sleep at once, as before).
+os.environ.setdefault("GOMP_SPINCOUNT", "50000")
 # OpenBLAS's own (pthreads) workers spin for 2**28 cycles after each call by default, on the
 # cores Numba's threads need next: a direct convolution kernel run after a GEMM took twice its
 # time. 2**4 cycles makes them sleep at once. OpenBLAS reads this when it loads, so it holds only

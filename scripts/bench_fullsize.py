@@ -13,9 +13,10 @@ another (never side by side: two cores): the process builds the net, times ``--r
 and its peak resident memory (``VmHWM``). With ``--rounds N`` each contender runs in N processes,
 the contenders of a case in turn, and the fastest counts: on a machine whose speed drifts (a VM
 beside busy neighbours) the contenders then meet the same slow spells. A process of its own gives
-each its own peak, and gives PyTorch its own defaults: minilms sets ``OMP_WAIT_POLICY=PASSIVE`` and
-``OPENBLAS_THREAD_TIMEOUT`` for itself, and PyTorch's OpenMP runs slower with the former, so the
-PyTorch process imports torch before anything of minilms. With ``--interleave`` a case's
+each its own peak, and gives PyTorch its own defaults: minilms sets ``OMP_WAIT_POLICY=PASSIVE``,
+``GOMP_SPINCOUNT`` and ``OPENBLAS_THREAD_TIMEOUT`` for itself, and PyTorch's OpenMP runs slower
+with the first, so the PyTorch process runs without them and imports torch before anything of
+minilms. With ``--interleave`` a case's
 contenders are alive at once (started one after another, each warmed up before the next starts)
 and take ``--rounds`` turns of ``--iters`` iterations each, in rotation, one running at a time,
 numpy's SGEMM timed here before each rotation; each row's median turn counts, against the SGEMM's
@@ -236,8 +237,8 @@ def sgemm_rate(n=2048, repeats=5) -> float:
 def worker_env(kind) -> dict:
     env = dict(os.environ)
     if kind == "torch":      # PyTorch's defaults, not minilms' thread settings
-        env.pop("OMP_WAIT_POLICY", None)
-        env.pop("OPENBLAS_THREAD_TIMEOUT", None)
+        for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT"):
+            env.pop(name, None)
     return env
 
 

@@ -22,10 +22,18 @@ The threads are Numba's count (``numba.get_num_threads``: the cores the ``cpu`` 
 use). Below ``MIN_FLOPS`` (a thread's wake-up costs more than it saves), with one thread, or where
 ``threadpoolctl`` finds no BLAS library to hold to one thread, it is one call on the calling thread.
 
+Which threads: Numba's own (``NUMBA_THREADS``, the default): the pieces are written down as
+``cblas_sgemm`` calls (``blas_calls``) and run in one ``prange``, so that the products and every
+other kernel share one pool of threads, which need no GIL and, spinning briefly after a kernel
+(``GOMP_SPINCOUNT``, set in ``minilms/__init__.py``), no wake-up either. Where a product cannot be
+written so (float64, a strided output), and for ``run_workers``' pipelines that run Python between
+their products, helper threads of this module's own take the pieces.
+
 Each product runs on the library ``kernels.mkl`` chose: Intel MKL where the ``mkl`` wheel is
 installed (faster on the convolutions' short products), numpy's OpenBLAS otherwise. The choice is
 the same for a piece as for the whole call, so the thread count never changes the library.
 """
+import contextlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -33,12 +41,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
-from . import mkl
+from . import blas_calls, mkl
 
-__all__ = ["MIN_FLOPS", "bits_fixed", "libraries", "matmul", "parts", "run_workers",
-           "sample_runs"]
+__all__ = ["MIN_FLOPS", "NUMBA_THREADS", "bits_fixed", "libraries", "matmul", "one_blas_thread",
+           "parts", "run_products", "run_workers", "sample_runs"]
 
 MIN_FLOPS = 2e7     # about 0.1 ms of BLAS work: smaller products stay in one call
+NUMBA_THREADS = True    # pieces on Numba's threads (``blas_calls``); False: on the helper threads
 
 _shared = {"pool": None, "workers": 0, "libraries": None, "active": 0, "before": [],
            "bits_fixed": {}}
@@ -127,14 +136,61 @@ def matmul(a, b, out=None, accumulate: bool = False, by_rows: bool = False):
         return out
     _hold_blas(controls)
     try:
-        pending = [_pool(len(pieces) - 1).submit(_product, *piece, library, *extra)
-                   for piece in pieces[1:]]
-        _product(*pieces[0], library, *extra)
-        for job in pending:
-            job.result()
+        calls = _pieces_as_calls(pieces, library, accumulate)
+        if calls is None or not calls.run():
+            pending = [_pool(len(pieces) - 1).submit(_product, *piece, library, *extra)
+                       for piece in pieces[1:]]
+            _product(*pieces[0], library, *extra)
+            for job in pending:
+                job.result()
     finally:
         _release_blas(controls)
     return out
+
+
+def _pieces_as_calls(pieces, library: str, accumulate: bool):
+    """The pieces ``(a, b, out)`` as ``blas_calls.Calls``, a thread each, or None where
+    ``NUMBA_THREADS`` is off or a product cannot go so (the helper threads take them)."""
+    if not NUMBA_THREADS:
+        return None
+    calls = blas_calls.Calls(library)
+    for piece in pieces:
+        if not calls.products(*piece, accumulate=accumulate):
+            return None
+        calls.end_thread()
+    return calls
+
+
+def run_products(write, count: int, library: str) -> None:
+    """``run_workers`` for workers that only make products and sums: ``write(i, ops)`` makes
+    worker ``i``'s through ``ops.gemm(a, b, out, accumulate, library)`` and ``ops.add(dst,
+    src)``, and returns False where ``ops`` refused one. Where ``NUMBA_THREADS`` holds, each
+    worker's are written down (``blas_calls.Calls`` on ``library``) and run on Numba's threads;
+    where any cannot go so, or it is off, each worker makes them at once on a helper thread
+    (``blas_calls.Now``)."""
+    calls = blas_calls.Calls(library) if NUMBA_THREADS else None
+    for i in range(count if calls is not None else 0):
+        if not write(i, calls):
+            calls = None
+            break
+        calls.end_thread()
+    with one_blas_thread():
+        if calls is not None and calls.run():
+            return
+    now = blas_calls.Now(library)
+    run_workers(lambda i: write(i, now), count)
+
+
+@contextlib.contextmanager
+def one_blas_thread():
+    """BLAS held to one thread within (``run_workers``' hold): for a Numba kernel whose
+    threads each call BLAS (``kernels.cblas``)."""
+    controls = libraries()
+    _hold_blas(controls)
+    try:
+        yield
+    finally:
+        _release_blas(controls)
 
 
 def sample_runs(samples: int, slots: int) -> list:

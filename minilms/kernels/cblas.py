@@ -18,7 +18,7 @@ import ctypes
 
 import numpy as np
 
-from . import blas_threads, mkl
+from . import mkl
 
 __all__ = ["ROW_MAJOR", "NO_TRANS", "TRANS", "sgemm", "chosen_sgemm"]
 
@@ -57,6 +57,7 @@ def _find(library: str):
         return _bind(handle, "cblas_sgemm", ctypes.c_int) if handle is not None else None
     if library != "openblas":
         return None
+    from . import blas_threads  # here: blas_threads runs its pieces through this module
     for controller in blas_threads.libraries():
         if controller.internal_api != "openblas":
             continue

@@ -37,7 +37,7 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["CHOICES", "MIN_FLOPS", "available", "chosen", "cpu_vendor", "use", "library_for",
-           "product"]
+           "gemm_arguments", "product"]
 
 CHOICES = ("mkl", "openblas")
 # A product's FLOPs below which numpy's matmul runs it even where MKL is chosen: a call through
@@ -157,24 +157,35 @@ def _operand(matrix, itemsize):
     return None
 
 
-def _gemm(a, b, out, beta: float = 0.0, function=None) -> bool:
-    """``out = a @ b + beta * out`` for 2-D views by MKL, or by ``function`` (a ``cblas_sgemm``
-    of ``kernels.cblas``, float32 only); False (nothing written) where it cannot."""
+def gemm_arguments(a, b, out):
+    """CBLAS's row-major GEMM arguments for ``out = a @ b`` of 2-D views read in place:
+    ``(trans_a, trans_b, m, n, k, lda, ldb, ldc)``; None where a view cannot be passed so
+    (``out`` transposed or strided, an empty product, mixed dtypes)."""
     m, k = a.shape
     n = b.shape[1]
     if min(m, n, k) == 0 or not a.dtype == b.dtype == out.dtype:
-        return False
+        return None
     itemsize = out.itemsize
     op_a, op_b, op_out = _operand(a, itemsize), _operand(b, itemsize), _operand(out, itemsize)
     if op_a is None or op_b is None or op_out is None or op_out[0] != _NO_TRANS:
+        return None
+    return op_a[0], op_b[0], m, n, k, op_a[1], op_b[1], op_out[1]
+
+
+def _gemm(a, b, out, beta: float = 0.0, function=None) -> bool:
+    """``out = a @ b + beta * out`` for 2-D views by MKL, or by ``function`` (a ``cblas_sgemm``
+    of ``kernels.cblas``, float32 only); False (nothing written) where it cannot."""
+    arguments = gemm_arguments(a, b, out)
+    if arguments is None:
         return False
+    trans_a, trans_b, m, n, k, lda, ldb, ldc = arguments
     if function is None:
         library = _state["library"]     # loaded: MKL is chosen
         function = library.cblas_sgemm if out.dtype == np.float32 else library.cblas_dgemm
     elif out.dtype != np.float32:
         return False
-    function(_ROW_MAJOR, op_a[0], op_b[0], m, n, k, 1.0, a.ctypes.data, op_a[1], b.ctypes.data,
-             op_b[1], beta, out.ctypes.data, op_out[1])
+    function(_ROW_MAJOR, trans_a, trans_b, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb,
+             beta, out.ctypes.data, ldc)
     return True
 
 

@@ -16,7 +16,9 @@ THREADS = 3   # more than this machine may have: the dealing does not depend on 
 
 @pytest.fixture
 def three_threads(monkeypatch):
-    """Deal out to THREADS pieces, and record each piece's thread and BLAS thread counts."""
+    """Deal out to THREADS pieces, and record each piece's thread and BLAS thread counts: on the
+    helper threads (``NUMBA_THREADS`` off; ``test_blas_calls.py`` has Numba's)."""
+    monkeypatch.setattr(blas_threads, "NUMBA_THREADS", False)
     monkeypatch.setattr(blas_threads.numba, "get_num_threads", lambda: THREADS)
     monkeypatch.setattr(blas_threads, "MIN_FLOPS", 0)
     seen = []

@@ -141,7 +141,9 @@ def test_dealt_out_products_are_right_and_the_same_every_call(monkeypatch, libra
 @needs_mkl
 def test_pieces_run_where_the_whole_call_would(on_mkl, monkeypatch):
     """A call just over ``MIN_FLOPS`` cut in two: each piece is under it, yet runs on MKL, as
-    the whole would; one just under it stays on numpy's matmul in every piece."""
+    the whole would; one just under it stays on numpy's matmul in every piece (on the helper
+    threads, where ``mkl.product`` runs them; ``test_blas_calls.py`` has Numba's)."""
+    monkeypatch.setattr(blas_threads, "NUMBA_THREADS", False)
     monkeypatch.setattr(blas_threads.numba, "get_num_threads", lambda: 2)
     monkeypatch.setattr(blas_threads, "MIN_FLOPS", 0)
     rng = np.random.default_rng(5)

@@ -27,9 +27,9 @@ order; a step split along the batch sums its chunks' (regrouped, as every engine
 to im2col + GEMM up to float32 rounding (the tests compare them with float64 references).
 """
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
-from .. import cblas
+from .. import blas_threads, cblas
 from ..blas_threads import run_workers, sample_runs
 from ..cblas import NO_TRANS, ROW_MAJOR, TRANS
 from .rules.bands import (  # noqa: F401  (its rules, named as its own)
@@ -182,6 +182,14 @@ def _run(x, dy, weight, bias, y, dx, work, slots, geometry, weight_grad: bool = 
     gemm = cblas.chosen_sgemm()[0]
     parts = layout.parts[:x.shape[0]] if weight_grad else _NONE3
     runs = sample_runs(x.shape[0], slots)
+    if blas_threads.NUMBA_THREADS:
+        rooms = work[sizes.parts:sizes.parts + len(runs) * (sizes.copy + sizes.columns)]
+        with blas_threads.one_blas_thread():
+            _sample_runs(gemm, x, dy, w, bias, y, dx, parts, np.array(runs, np.int64),
+                         rooms.reshape(len(runs), -1), layout.copies[0].shape,
+                         layout.columns[0].shape, sizes.rows, kh, kw, sh, sw, ph, pw, dh, dw,
+                         sizes.out_h, sizes.out_w)
+        return layout.parts
 
     def worker(t):
         _samples(gemm, x, dy, w, bias, y, dx, parts, *runs[t], layout.copies[t],
@@ -190,6 +198,21 @@ def _run(x, dy, weight, bias, y, dx, work, slots, geometry, weight_grad: bool = 
 
     run_workers(worker, len(runs))
     return layout.parts
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _sample_runs(gemm, x, dy, weight, bias, y, dx, parts, runs, rooms, copy_shape,
+                 columns_shape, band, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w):
+    """``_samples`` for each worker ``t`` on a thread of Numba's (``blas_threads.NUMBA_THREADS``):
+    samples ``runs[t, 0] <= n < runs[t, 1]`` in its room ``rooms[t]`` (``_Layout``'s copy, then
+    its columns)."""
+    copy = copy_shape[0] * copy_shape[1] * copy_shape[2] * copy_shape[3]
+    for t in prange(runs.shape[0]):
+        room = rooms[t]
+        _samples(gemm, x, dy, weight, bias, y, dx, parts, runs[t, 0], runs[t, 1],
+                 room[:copy].reshape(copy_shape),
+                 room[copy:copy + columns_shape[0] * columns_shape[1]].reshape(columns_shape),
+                 band, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w)
 
 
 def forward(x, weight, bias, y, work, slots, geometry) -> None:

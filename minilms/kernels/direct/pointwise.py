@@ -216,18 +216,18 @@ def both_by_sample(x, dy, weight, dx, dweight, add_dx: bool = False) -> None:
     dx_library = mkl.library_for(wt, dx3[0])
     dw_library = mkl.library_for(dy3[0], dw)
 
-    def run(worker):
+    def write(worker, ops):
         begin, end = runs[worker]
         for n in range(begin, end):
-            mkl.product(wt, dy3[n], dx3[n], dx_library, accumulate=add_dx)
-            if n == 0:
-                mkl.product(dy3[n], x3[n].T, dw, dw_library)
-                continue
-            product = first_product if worker == 0 else later[n - runs[0][1]]
-            mkl.product(dy3[n], x3[n].T, product, dw_library)
-            if worker == 0:
-                np.add(dw, product, out=dw)
-    blas_threads.run_workers(run, len(runs))
+            if not ops.gemm(wt, dy3[n], dx3[n], add_dx, dx_library):
+                return False
+            product = dw if n == 0 else first_product if worker == 0 else later[n - runs[0][1]]
+            if not ops.gemm(dy3[n], x3[n].T, product, False, dw_library):
+                return False
+            if worker == 0 and n > 0:
+                ops.add(dw, product)
+        return True
+    blas_threads.run_products(write, len(runs), dw_library)
     for product in later:
         dw += product
 

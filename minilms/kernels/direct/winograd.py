@@ -46,8 +46,8 @@ float64 loop: F(4, 3)'s is about ten times F(2, 3)'s).
 import numba
 import numpy as np
 
-from .. import cblas, mkl
-from ..blas_threads import run_workers
+from .. import blas_threads, cblas, mkl
+from ..blas_threads import run_products, run_workers
 from ..slotted import ALIGN
 from .rules.winograd import (  # noqa: F401  (its rules, named as its own)
     BAND_WORKER,
@@ -67,7 +67,7 @@ from .rules.winograd import (  # noqa: F401  (its rules, named as its own)
     workspace_elements,
 )
 from .weight_grad import bias_grad
-from .winograd_tiles import convolve_samples, matrices, weight_sums
+from .winograd_tiles import convolve_runs, convolve_samples, matrices, weight_sums, weight_sums_runs
 
 __all__ = ["applies", "pays", "tile_size", "MAX_SLOTS", "kernel_matrix", "workspace_elements",
            "slot_count", "forward", "backward"]
@@ -101,7 +101,7 @@ def restore_weights(mw, dweight, m: int, workers: int) -> None:
 def _in_parts(a, b, out, workers: int, by_rows: bool) -> None:
     """``out = a @ b``, ``out``'s rows (or columns) cut into ``MAX_SLOTS`` parts, each a whole
     multiple of ``ALIGN`` (``kernels.slotted``), dealt in runs to ``workers`` with one BLAS thread
-    each (``run_workers``): left to BLAS's own threads, OpenBLAS's would spin after the call, on
+    each (``run_products``): left to BLAS's own threads, OpenBLAS's would spin after the call, on
     the cores the workers that come next run on. The parts are the same whatever the workers: a
     BLAS may give a column other bits in a product of another width (OpenBLAS's Haswell kernels
     and MKL on a Zen 3 did, in a third of the columns), so the kernel's transform, and with it a
@@ -113,13 +113,13 @@ def _in_parts(a, b, out, workers: int, by_rows: bool) -> None:
     workers = max(1, min(workers, len(cuts)))
     library = mkl.library_for(a, out)
 
-    def run(t):
+    def write(t, ops):
         for cut in cuts[len(cuts) * t // workers:len(cuts) * (t + 1) // workers]:
-            if by_rows:
-                mkl.product(a[cut], b, out[cut], library)
-            else:
-                mkl.product(a, b[:, cut], out[:, cut], library)
-    run_workers(run, workers)
+            if not (ops.gemm(a[cut], b, out[cut]) if by_rows else
+                    ops.gemm(a, b[:, cut], out[:, cut])):
+                return False
+        return True
+    run_products(write, workers, library)
 
 
 def _deal(samples: int, slots: int, group: int, bands: int = 1, lead: int = 0):
@@ -171,6 +171,13 @@ def _convolve(x, u, u_trans, bias, y, work, slots, pad, layout, first):
     lead = _places(first, group, layout.bands)
     runs = _deal(x.shape[0], slots, group, layout.bands, lead)
     shift = bias if bias is not None else np.zeros(y.shape[1], np.float32)
+    if blas_threads.NUMBA_THREADS:
+        with blas_threads.one_blas_thread():
+            convolve_runs(gemm, x, np.array(runs, np.int64), lead, u, u_trans, shift, y, pad,
+                          group, block, layout.tiles_w, layout.m, layout.bands,
+                          layout.band_rows, _room_rows(work, u.size, len(runs), layout),
+                          *layout.shapes)
+        return
 
     def worker(t):
         convolve_samples(gemm, x, *runs[t], (runs[t][0] + lead) % group, u, u_trans, shift, y,
@@ -178,6 +185,11 @@ def _convolve(x, u, u_trans, bias, y, work, slots, pad, layout, first):
                          layout.band_rows, *rooms[t])
 
     run_workers(worker, len(runs))
+
+
+def _room_rows(work, kernel, workers, layout):
+    """``_rooms`` as the rows of one array, for the workers on Numba's threads."""
+    return work[2 * kernel:2 * kernel + workers * layout.worker].reshape(workers, layout.worker)
 
 
 def _kernel(work, weight, m):
@@ -224,13 +236,21 @@ def _weight_sums(x, dy, mw, work, slots, pad, layout, first):
     gemm, group, block = _gemm(layout)
     lead = _places(first, group, layout.bands)
     runs = _deal(x.shape[0], slots, group, layout.bands, lead)
-    sums = [mw] + [np.empty_like(mw) for _ in runs[1:]]
+    others = np.empty((len(runs) - 1,) + mw.shape, mw.dtype)
+    sums = [mw] + list(others)
+    if blas_threads.NUMBA_THREADS:
+        with blas_threads.one_blas_thread():
+            weight_sums_runs(gemm, x, dy, np.array(runs, np.int64), lead, mw, others, pad,
+                             group, block, layout.tiles_w, layout.m, layout.bands,
+                             layout.band_rows, _room_rows(work, mw.size, len(runs), layout),
+                             *layout.shapes)
 
     def worker(t):
         weight_sums(gemm, x, dy, *runs[t], (runs[t][0] + lead) % group, sums[t], pad, group,
                     block, layout.tiles_w, layout.m, layout.bands, layout.band_rows,
                     *rooms[t])
 
-    run_workers(worker, len(runs))
+    if not blas_threads.NUMBA_THREADS:
+        run_workers(worker, len(runs))
     for other in sums[1:]:
         mw += other

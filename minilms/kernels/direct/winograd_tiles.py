@@ -9,12 +9,12 @@ inputs ``[H, W, C]`` (padded), a block's transformed tiles ``V [a^2, block, C]``
 sits at ``(r, s) = divmod(t, tiles_w)``.
 """
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..cblas import NO_TRANS, ROW_MAJOR, TRANS
 
 __all__ = ["matrices", "to_channels_last", "from_channels_last", "turn_tiles", "untile",
-           "convolve_samples", "weight_sums"]
+           "convolve_samples", "weight_sums", "convolve_runs", "weight_sums_runs"]
 
 
 def matrices(m: int, dtype=np.float32):
@@ -317,3 +317,41 @@ def weight_sums(gemm, x, dy, first, stop, lead, mw, pad, group, block, tiles_w, 
                      turned[k, at:].ctypes.data, out, v[k, at:].ctypes.data, channels, beta,
                      mw[k].ctypes.data, channels)
             beta = 1.0
+
+
+# -- the workers on Numba's threads (``blas_threads.NUMBA_THREADS``) -------------------------------
+@njit(cache=True, nogil=True)
+def _room(room, xt_shape, v_shape, mm_shape, yt_shape):
+    """A worker's ``room`` (1-D) as its four buffers (``rules.winograd.Layout.buffers``)."""
+    sizes = (xt_shape[0] * xt_shape[1] * xt_shape[2] * xt_shape[3],
+             v_shape[0] * v_shape[1] * v_shape[2], mm_shape[0] * mm_shape[1] * mm_shape[2])
+    at_v, at_mm = sizes[0], sizes[0] + sizes[1]
+    at_yt = at_mm + sizes[2]
+    end = at_yt + yt_shape[0] * yt_shape[1] * yt_shape[2] * yt_shape[3]
+    return (room[:at_v].reshape(xt_shape), room[at_v:at_mm].reshape(v_shape),
+            room[at_mm:at_yt].reshape(mm_shape), room[at_yt:end].reshape(yt_shape))
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def convolve_runs(gemm, x, runs, lead, u, u_trans, bias, y, pad, group, block, tiles_w, m,
+                  bands, band_rows, rooms, xt_shape, v_shape, mm_shape, yt_shape):
+    """``convolve_samples`` for each worker ``t`` on a thread of its own: its units ``runs[t,
+    0] <= n < runs[t, 1]`` in its room ``rooms[t]``; ``lead`` as the layer's (each worker's
+    from ``(runs[t, 0] + lead) % group``)."""
+    for t in prange(runs.shape[0]):
+        xt, v, mm, yt = _room(rooms[t], xt_shape, v_shape, mm_shape, yt_shape)
+        convolve_samples(gemm, x, runs[t, 0], runs[t, 1], (runs[t, 0] + lead) % group, u,
+                         u_trans, bias, y, pad, group, block, tiles_w, m, bands, band_rows, xt,
+                         v, mm, yt)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def weight_sums_runs(gemm, x, dy, runs, lead, mw, others, pad, group, block, tiles_w, m, bands,
+                     band_rows, rooms, xt_shape, v_shape, mm_shape, yt_shape):
+    """``weight_sums`` for each worker ``t`` on a thread of its own, into ``mw`` (worker 0) or
+    ``others[t - 1]``; the rest as ``convolve_runs``."""
+    for t in prange(runs.shape[0]):
+        xt, v, turned, dyt = _room(rooms[t], xt_shape, v_shape, mm_shape, yt_shape)
+        sums = mw if t == 0 else others[t - 1]
+        weight_sums(gemm, x, dy, runs[t, 0], runs[t, 1], (runs[t, 0] + lead) % group, sums,
+                    pad, group, block, tiles_w, m, bands, band_rows, xt, v, turned, dyt)
