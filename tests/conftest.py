@@ -24,6 +24,12 @@ def _real_gpu_present() -> bool:
 if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _real_gpu_present():
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
+# ``pytest -n auto`` runs a worker process per core, so a worker's OpenMP threads spinning between
+# kernels (minilms' ``GOMP_SPINCOUNT``) would hold a core another worker's kernel needs: they sleep
+# at once here, as a shared machine's should (README). No result depends on it; the tests of the
+# spin itself start processes of their own without it.
+os.environ.setdefault("GOMP_SPINCOUNT", "0")
+
 import numba  # noqa: E402  (after the simulator choice, on purpose)
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
