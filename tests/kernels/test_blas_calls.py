@@ -2,17 +2,18 @@
 a thread. Each GEMM gives the bits of the same product made by ``mkl.product`` (every transpose,
 ``beta = 1``, a batch); adds sum in order; what CBLAS cannot take in place is refused and leaves
 the list as it was; and every caller that deals its products out this way (``blas_threads.matmul``,
-``run_products``, the 1x1 path's two gradients, Winograd's and the bands' workers) gives the
-bits its helper-thread path gives, and the product's value."""
+``run_products``, the 1x1 path's two gradients, Winograd's, the bands' and the row windows'
+workers) gives the bits its helper-thread path gives, and the product's value."""
 import numba
 import numpy as np
 import pytest
 
 from minilms.kernels import blas_calls, blas_threads, cblas, mkl
-from minilms.kernels.direct import bands, pointwise, winograd
+from minilms.kernels.direct import bands, pointwise, windows, winograd
 
 from .test_conv_bands import STEM
 from .test_conv_bands import run as run_bands
+from .test_conv_windows import run as run_windows
 from .test_conv_winograd import run as run_winograd
 
 LIBRARIES = [name for name in mkl.CHOICES if cblas.sgemm(name) is not None]
@@ -192,6 +193,26 @@ def test_the_bands_on_numba_threads_are_the_helpers_bit_for_bit(monkeypatch, slo
     assert bands.applies(weight.shape, STEM)
     helpers, on_numba = _both_ways(monkeypatch,
                                    lambda: run_bands(x, weight, bias, dy, STEM, slots))
+    _assert_same(helpers, on_numba)
+    assert not any(np.isnan(array).any() for array in on_numba if array is not None)
+
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+@pytest.mark.parametrize("geometry", [((3, 3), (2, 2), (1, 1), (1, 1)),
+                                      ((3, 3), (1, 1), (1, 1), (1, 1)),
+                                      ((5, 3), (1, 2), (2, 0), (1, 2))])
+def test_the_row_windows_on_numba_threads_are_the_helpers_bit_for_bit(monkeypatch, slots,
+                                                                     geometry):
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry
+    rng = np.random.default_rng(slots + sh)
+    x, weight = _random(rng, (3, 6, 15, 13)), _random(rng, (5, 6, kh, kw))
+    out_h = (15 + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    out_w = (13 + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    bias, dy = _random(rng, (5,)), _random(rng, (3, 5, out_h, out_w))
+    assert windows.applies(weight.shape, geometry)
+    helpers, on_numba = _both_ways(monkeypatch,
+                                   lambda: run_windows(x, weight, bias, dy, geometry, slots))
     _assert_same(helpers, on_numba)
     assert not any(np.isnan(array).any() for array in on_numba if array is not None)
 

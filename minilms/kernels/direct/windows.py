@@ -32,8 +32,9 @@ threads' would. Equal to im2col + GEMM up to float32 rounding (the tests compare
 import numpy as np
 from numba import njit, prange
 
-from .. import mkl
+from .. import blas_threads, cblas, mkl
 from ..blas_threads import run_workers, sample_runs
+from ..cblas import NO_TRANS, ROW_MAJOR, TRANS
 from ..registry import cpu_variant
 from .rules.windows import (  # noqa: F401  (its rules, named as its own)
     MAX_SLOTS,
@@ -148,6 +149,11 @@ class _Shape:
         return xw, xw.reshape(-1, xw.shape[2] * xw.shape[3])
 
 
+_NONE4 = np.empty((0, 1, 1, 1), np.float32)
+_NONE3 = np.empty((0, 1, 1), np.float32)
+_NONE1 = np.empty(0, np.float32)
+
+
 def forward(x, weight, bias, y, work, slots, geometry) -> None:
     """``y = conv(x, weight) + bias`` (bias may be None) through ``work``
     (``workspace_elements`` for ``slots``)."""
@@ -156,6 +162,9 @@ def forward(x, weight, bias, y, work, slots, geometry) -> None:
     out, plane = shape.out, shape.plane
     library = mkl.library_for(shape.reordered[0], y[0].reshape(out, plane))
     runs = sample_runs(x.shape[0], slots)
+    if _on_numba_threads(shape, library, runs, x, _NONE4, _NONE1 if bias is None else bias, y,
+                         _NONE4, _NONE3, _NONE4):
+        return
 
     def worker(t):
         xw, flat = shape.windows(t)
@@ -186,8 +195,12 @@ def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry) -> None:
     runs = sample_runs(samples, slots)
     # a worker's dW sum: the first's in the workspace, the others' temporaries (their number is
     # the threads', which the plan does not know; each is the weight's size)
-    sums = [shape.grouped] + [np.empty_like(shape.grouped) for _ in runs[1:]] \
-        if dweight is not None else []
+    others = np.empty((len(runs) - 1,) + shape.grouped.shape, np.float32) \
+        if dweight is not None else _NONE4
+    sums = [shape.grouped] + list(others) if dweight is not None else []
+    native = _on_numba_threads(shape, library, runs, x, np.ascontiguousarray(dy), _NONE1, _NONE4,
+                               _NONE4 if dx is None else dx,
+                               shape.grouped if dweight is not None else _NONE3, others)
 
     def worker(t):
         xw, flat = shape.windows(t)
@@ -205,8 +218,66 @@ def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry) -> None:
                                 library, i > 0)
                 gather_taps(xw, dx[n], shape.sh, shape.sw, shape.ph, shape.pw, shape.dw)
 
-    run_workers(worker, len(runs))
+    if not native:
+        run_workers(worker, len(runs))
     if dweight is not None:
         for other in sums[1:]:
             shape.grouped += other
         restore_taps(shape.grouped, dweight)
+
+
+def _on_numba_threads(shape, library, runs, x, dy, bias, y, dx, grouped, others) -> bool:
+    """The workers' calls on Numba's threads (``_window_runs``), where
+    ``blas_threads.NUMBA_THREADS`` holds and the library has a ``cblas_sgemm``; False, with
+    nothing done, elsewhere. Arrays without samples stand for what is not computed."""
+    gemm = cblas.sgemm(library) if blas_threads.NUMBA_THREADS else None
+    if gemm is None or x.dtype != np.float32:
+        return False
+    with blas_threads.one_blas_thread():
+        _window_runs(gemm, np.ascontiguousarray(x), dy, shape.reordered, bias, y, dx, grouped,
+                     others, np.array(runs, np.int64), shape.copies,
+                     np.array(shape.offsets, np.int64), shape.sh, shape.sw, shape.ph, shape.pw,
+                     shape.dw, shape.plane)
+    return True
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _window_runs(gemm, x, dy, reordered, bias, y, dx, grouped, others, runs, copies, offsets,
+                 sh, sw, ph, pw, dw, plane):
+    """The workers on Numba's threads (``blas_threads.NUMBA_THREADS``): worker ``t`` its samples
+    ``runs[t, 0] <= n < runs[t, 1]`` in its copy ``copies[t]``, with the calls the Python
+    workers make. Where ``y`` has samples, the forward; else the backward: where ``grouped`` has
+    taps, ``dW``'s sums (worker 0's into ``grouped``, the others' into ``others[t - 1]``), and
+    where ``dx`` has samples, ``dx``."""
+    taps, out, inner = reordered.shape
+    for t in prange(runs.shape[0]):
+        xw = copies[t]
+        flat = xw.reshape(inner, xw.shape[2] * xw.shape[3])
+        width = flat.shape[1]
+        sums = grouped if t == 0 or grouped.shape[0] == 0 else others[t - 1]
+        for n in range(runs[t, 0], runs[t, 1]):
+            if y.shape[0] > 0:
+                shift_copy(x[n], xw, sh, sw, ph, pw, dw)
+                top = y[n].reshape(out, plane)
+                for i in range(taps):
+                    gemm(ROW_MAJOR, NO_TRANS, NO_TRANS, out, plane, inner, 1.0,
+                         reordered[i].ctypes.data, inner, flat[:, offsets[i]:].ctypes.data,
+                         width, 0.0 if i == 0 else 1.0, top.ctypes.data, plane)
+                if bias.shape[0] > 0:
+                    for o in range(out):
+                        top[o] += bias[o]
+                continue
+            grad = dy[n].reshape(out, plane)
+            if grouped.shape[0] > 0:
+                shift_copy(x[n], xw, sh, sw, ph, pw, dw)
+                for i in range(taps):
+                    gemm(ROW_MAJOR, NO_TRANS, TRANS, out, inner, plane, 1.0, grad.ctypes.data,
+                         plane, flat[:, offsets[i]:].ctypes.data, width,
+                         0.0 if n == runs[t, 0] else 1.0, sums[i].ctypes.data, inner)
+            if dx.shape[0] > 0:      # xw's room, done with: dxw
+                flat[:, plane:] = 0     # the columns only the later windows reach
+                for i in range(taps):
+                    gemm(ROW_MAJOR, TRANS, NO_TRANS, inner, plane, out, 1.0,
+                         reordered[i].ctypes.data, inner, grad.ctypes.data, plane,
+                         0.0 if i == 0 else 1.0, flat[:, offsets[i]:].ctypes.data, width)
+                gather_taps(xw, dx[n], sh, sw, ph, pw, dw)
