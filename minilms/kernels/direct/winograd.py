@@ -135,10 +135,15 @@ def _deal(samples: int, slots: int, group: int, bands: int = 1, lead: int = 0):
             for t in range(workers)]
 
 
-def _rooms(work, slots, kernel, layout):
-    """Each worker's buffers, after ``U`` and ``dW``'s sums."""
-    return [layout.buffers(work[2 * kernel + t * layout.worker:2 * kernel + (t + 1) *
-                                layout.worker]) for t in range(slots)]
+def _room_rows(work, kernel, workers, layout):
+    """Each worker's room, after ``U`` and ``dW``'s sums: the rows of one array (the workers on
+    Numba's threads cut their buffers from theirs)."""
+    return work[2 * kernel:2 * kernel + workers * layout.worker].reshape(workers, layout.worker)
+
+
+def _rooms(work, workers, kernel, layout):
+    """Each worker's buffers (``Layout.buffers`` of its room)."""
+    return [layout.buffers(row) for row in _room_rows(work, kernel, workers, layout)]
 
 
 def _gemm(layout):
@@ -166,7 +171,6 @@ def _places(first: int, group: int, bands: int) -> int:
 def _convolve(x, u, u_trans, bias, y, work, slots, pad, layout, first):
     """``y = conv(x) + bias`` with the transformed kernel ``u`` (``convolve_samples``): a run of
     samples per worker; ``x[0]`` is the layer's sample ``first``."""
-    rooms = _rooms(work, slots, u.size, layout)
     gemm, group, block = _gemm(layout)
     lead = _places(first, group, layout.bands)
     runs = _deal(x.shape[0], slots, group, layout.bands, lead)
@@ -178,6 +182,7 @@ def _convolve(x, u, u_trans, bias, y, work, slots, pad, layout, first):
                           layout.band_rows, _room_rows(work, u.size, len(runs), layout),
                           *layout.shapes)
         return
+    rooms = _rooms(work, len(runs), u.size, layout)
 
     def worker(t):
         convolve_samples(gemm, x, *runs[t], (runs[t][0] + lead) % group, u, u_trans, shift, y,
@@ -185,11 +190,6 @@ def _convolve(x, u, u_trans, bias, y, work, slots, pad, layout, first):
                          layout.band_rows, *rooms[t])
 
     run_workers(worker, len(runs))
-
-
-def _room_rows(work, kernel, workers, layout):
-    """``_rooms`` as the rows of one array, for the workers on Numba's threads."""
-    return work[2 * kernel:2 * kernel + workers * layout.worker].reshape(workers, layout.worker)
 
 
 def _kernel(work, weight, m):
@@ -232,7 +232,6 @@ def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry, batch,
 def _weight_sums(x, dy, mw, work, slots, pad, layout, first):
     """``mw[k] = sum over tiles of V[k]^T @ Y[k]``: per worker (the first's in the workspace,
     the others' temporaries, as the row windows'), then the workers' sums in worker order."""
-    rooms = _rooms(work, slots, mw.size, layout)
     gemm, group, block = _gemm(layout)
     lead = _places(first, group, layout.bands)
     runs = _deal(x.shape[0], slots, group, layout.bands, lead)
@@ -244,13 +243,13 @@ def _weight_sums(x, dy, mw, work, slots, pad, layout, first):
                              group, block, layout.tiles_w, layout.m, layout.bands,
                              layout.band_rows, _room_rows(work, mw.size, len(runs), layout),
                              *layout.shapes)
+    else:
+        rooms = _rooms(work, len(runs), mw.size, layout)
 
-    def worker(t):
-        weight_sums(gemm, x, dy, *runs[t], (runs[t][0] + lead) % group, sums[t], pad, group,
-                    block, layout.tiles_w, layout.m, layout.bands, layout.band_rows,
-                    *rooms[t])
-
-    if not blas_threads.NUMBA_THREADS:
+        def worker(t):
+            weight_sums(gemm, x, dy, *runs[t], (runs[t][0] + lead) % group, sums[t], pad,
+                        group, block, layout.tiles_w, layout.m, layout.bands, layout.band_rows,
+                        *rooms[t])
         run_workers(worker, len(runs))
     for other in sums[1:]:
         mw += other
