@@ -47,6 +47,22 @@ def test_bench_copy_bad_size_exits_2(capsys):
     assert "--sizes: expected a size like" in capsys.readouterr().err
 
 
+def test_bench_copy_overlap_smoke_prints_each_way_and_the_share_saved(capsys):
+    assert run_script("bench_copy_overlap.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    ways = re.findall(r"^  (gemm|gemm, then copy|copy riding, \d+ rows on thread 0) +[\d.]+ ms$",
+                      out, re.M)
+    assert ways[:2] == ["gemm", "gemm, then copy"] and len(ways) >= 3, out
+    assert re.search(r"riding, at its best split, saves (-?[\d.]+|nan) of it$", out, re.M), out
+
+
+@pytest.mark.parametrize("args,named", [(("--copy", "-1"), "--copy: expected a size like"),
+                                        (("--copy", "8"), "--copy: expected at least 64 bytes")])
+def test_bench_copy_overlap_bad_input_exits_2(capsys, args, named):
+    assert run_script("bench_copy_overlap.py", *args) == 2
+    assert named in capsys.readouterr().err
+
+
 def test_bench_kernels_prints_ratios_against_torch(capsys):
     pytest.importorskip("torch", reason="PyTorch not installed: it is bench_kernels' baseline")
     assert run_script("bench_kernels.py", "--only", "gemm", "bn", "conv", "--repeat", "1",
