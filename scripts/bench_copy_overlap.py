@@ -16,7 +16,7 @@ rows after it. Three ways, interleaved, medians of ``--repeat``:
   where ``pages.small_pages`` applies);
 - ``copy riding``: one region: thread 1 copies first, then the second row block; thread 0's
   block is ``--rows`` rows (by default the splits from even to 5/8 in steps of 1/64 are
-  tried: the copy's thread should take that much less of the GEMM as the copy costs it).
+  tried: the thread that copies should take as much less of the GEMM as the copy costs).
 
 It prints each way's time and the share of the copy's own cost that riding saves (1: hidden
 entirely, 0: no better than inline). A measurement of an idea (docs/benchmarks.md, session 58),
@@ -112,13 +112,21 @@ def main(argv=None) -> int:
         return 2
     if args.smoke:
         copy_bytes, args.gemm, args.repeat, args.ring = 1 << 20, [64, 64, 64], 3, 4
-    if copy_bytes < streaming.LINE or min(args.gemm) < 2:
-        print(f"bench_copy_overlap: --copy: expected at least {streaming.LINE} bytes and a "
-              f"GEMM of at least 2 rows, found {copy_bytes} bytes and {args.gemm}",
-              file=sys.stderr)
-        return 2
+    m = args.gemm[0]
+    for wrong, flag, expected, found in (
+            (copy_bytes < streaming.LINE, "--copy", f"at least {streaming.LINE} bytes",
+             f"{copy_bytes} bytes"),
+            (min(args.gemm) < 2, "--gemm", "M, K and N of at least 2", args.gemm),
+            (any(not 0 <= r <= m for r in args.rows or ()), "--rows",
+             f"rows from 0 to M ({m})", args.rows),
+            (args.repeat < 1, "--repeat", "at least 1", args.repeat),
+            (args.ring < 1, "--ring", "at least 1", args.ring)):
+        if wrong:
+            print(f"bench_copy_overlap: {flag}: expected {expected}, found {found}",
+                  file=sys.stderr)
+            return 2
     found = measure(copy_bytes, args.gemm, args.repeat, args.ring, args.rows)
-    m, k, n = args.gemm
+    k, n = args.gemm[1:]
     print(f"bench_copy_overlap: [{m}, {k}] @ [{k}, {n}] on two threads, a copy of "
           f"{format_bytes(copy_bytes)} from cold memory; medians of {args.repeat}")
     alone, inline = found["gemm"], found["gemm, then copy"]

@@ -56,8 +56,12 @@ def test_bench_copy_overlap_smoke_prints_each_way_and_the_share_saved(capsys):
     assert re.search(r"riding, at its best split, saves (-?[\d.]+|nan) of it$", out, re.M), out
 
 
-@pytest.mark.parametrize("args,named", [(("--copy", "-1"), "--copy: expected a size like"),
-                                        (("--copy", "8"), "--copy: expected at least 64 bytes")])
+@pytest.mark.parametrize("args,named", [
+    (("--copy", "-1"), "--copy: expected a size like"),
+    (("--copy", "8"), "--copy: expected at least 64 bytes, found 8 bytes"),
+    (("--gemm", "1", "8", "8"), "--gemm: expected M, K and N of at least 2, found [1, 8, 8]"),
+    (("--gemm", "8", "8", "8", "--rows", "9"), "--rows: expected rows from 0 to M (8), found [9]"),
+    (("--repeat", "0"), "--repeat: expected at least 1, found 0")])
 def test_bench_copy_overlap_bad_input_exits_2(capsys, args, named):
     assert run_script("bench_copy_overlap.py", *args) == 2
     assert named in capsys.readouterr().err
