@@ -232,7 +232,6 @@ def max_pool_forward_planes_cpu(x, y, argmax, geom, per=0):
     planes, plane_in, plane_out = n_ * c_, height * width, out_h * out_w
     per = block_planes(height, width) if per == 0 else per
     xs, ys, args = x.reshape(planes * plane_in), y.reshape(-1), argmax.reshape(-1)
-    inner, outer = _interior(width, out_w, kw, sw, pw)
     blocks = (planes + per - 1) // per
     chunks = min(blocks, CHUNKS)
     same3 = kh == 3 and sh == 1 and ph == 1 and out_h == height
@@ -246,36 +245,47 @@ def max_pool_forward_planes_cpu(x, y, argmax, geom, per=0):
         for block in range(chunk * blocks // chunks, (chunk + 1) * blocks // chunks):
             p0 = block * per
             k = min(per, planes - p0)
-            rows = k * height                      # the block's planes stacked: one tall plane
-            src = xs[p0 * plane_in:(p0 + k) * plane_in]
-            out, arg = ys[p0 * plane_out:(p0 + k) * plane_out], args[p0 * plane_out:
-                                                                     (p0 + k) * plane_out]
-            q0, q1 = inner, rows * out_w - (out_w - outer)
-            if sw == 1 and kw == 3:
-                _across(src, hv, hi, q0, q1, pw, 3)
-            elif sw == 1:
-                _across(src, hv, hi, q0, q1, pw, 2)
-            else:     # constant taps and padding: each tap's half and shift known
-                ev, od = ev_all[:k * plane_in // 2], od_all[:k * plane_in // 2]
-                _split(src, ev, od)
-                if kw == 3 and pw == 0:
-                    _across_halves(ev, od, hv, hi, q0, q1, 0, 3)
-                elif kw == 3:
-                    _across_halves(ev, od, hv, hi, q0, q1, 1, 3)
-                elif pw == 0:
-                    _across_halves(ev, od, hv, hi, q0, q1, 0, 2)
-                else:
-                    _across_halves(ev, od, hv, hi, q0, q1, 1, 2)
-            for ow in range(inner):
-                _clipped_column(src, hv, hi, rows, width, out_w, ow, sw, pw, kw)
-            for ow in range(outer, out_w):
-                _clipped_column(src, hv, hi, rows, width, out_w, ow, sw, pw, kw)
-            if same3:
-                _down_same3(hv, hi, out, arg, out_w, out_h, k)
-            elif kh == 3:        # a constant window: the flattened loop's taps unrolled
-                _down(hv, hi, dv, di, out, arg, out_w, out_h, height, 3, sh, ph, k)
-            elif kh == 2:
-                _down(hv, hi, dv, di, out, arg, out_w, out_h, height, 2, sh, ph, k)
-            else:
-                _down(hv, hi, dv, di, out, arg, out_w, out_h, height, kh, sh, ph, k)
-            _within_planes(arg, k, plane_out, plane_in)
+            _pool_block(xs[p0 * plane_in:(p0 + k) * plane_in], ys[p0 * plane_out:
+                        (p0 + k) * plane_out], args[p0 * plane_out:(p0 + k) * plane_out],
+                        hv, hi, dv, di, ev_all[:k * plane_in // 2], od_all[:k * plane_in // 2],
+                        geom, k, height, width, out_h, out_w, same3)
+
+
+@njit(cache=True, nogil=True)
+def _pool_block(src, out, arg, hv, hi, dv, di, ev, od, geom, k, height, width, out_h, out_w,
+                same3):
+    """Both passes over one block of ``k`` planes stacked (``src`` in, ``out`` and ``arg`` out,
+    the rest scratch). A function of its own, not the parallel loop's body: numba's parallel
+    passes over the inlined helpers' dozens of loops took a minute to compile a signature; as
+    a serial function it takes seconds, and the call is one a block."""
+    kh, kw, sh, sw, ph, pw = geom
+    inner, outer = _interior(width, out_w, kw, sw, pw)
+    rows = k * height                      # the block's planes stacked: one tall plane
+    q0, q1 = inner, rows * out_w - (out_w - outer)
+    if sw == 1 and kw == 3:
+        _across(src, hv, hi, q0, q1, pw, 3)
+    elif sw == 1:
+        _across(src, hv, hi, q0, q1, pw, 2)
+    else:     # constant taps and padding: each tap's half and shift known
+        _split(src, ev, od)
+        if kw == 3 and pw == 0:
+            _across_halves(ev, od, hv, hi, q0, q1, 0, 3)
+        elif kw == 3:
+            _across_halves(ev, od, hv, hi, q0, q1, 1, 3)
+        elif pw == 0:
+            _across_halves(ev, od, hv, hi, q0, q1, 0, 2)
+        else:
+            _across_halves(ev, od, hv, hi, q0, q1, 1, 2)
+    for ow in range(inner):
+        _clipped_column(src, hv, hi, rows, width, out_w, ow, sw, pw, kw)
+    for ow in range(outer, out_w):
+        _clipped_column(src, hv, hi, rows, width, out_w, ow, sw, pw, kw)
+    if same3:
+        _down_same3(hv, hi, out, arg, out_w, out_h, k)
+    elif kh == 3:        # a constant window: the flattened loop's taps unrolled
+        _down(hv, hi, dv, di, out, arg, out_w, out_h, height, 3, sh, ph, k)
+    elif kh == 2:
+        _down(hv, hi, dv, di, out, arg, out_w, out_h, height, 2, sh, ph, k)
+    else:
+        _down(hv, hi, dv, di, out, arg, out_w, out_h, height, kh, sh, ph, k)
+    _within_planes(arg, k, out_h * out_w, height * width)
