@@ -36,9 +36,8 @@ setup(
         # headless in a python3 kernel; MPI: tests/test_distributed.py runs mpiexec -n 2.
         # ruff: .ci/run lints before the tests (settings in pyproject.toml). pytest-xdist: the
         # README's test command runs a worker per core (-n auto; pytest.ini's --dist worksteal
-        # needs 3.2). MKL: the suite runs the cpu
-        # device's products on it, as a user with the extra does (tests/kernels/test_mkl.py
-        # compares it with numpy's OpenBLAS).
+        # needs 3.2). MKL: the suite runs the cpu device's products on it, as a user with the
+        # extra does (tests/kernels/test_mkl.py compares it with numpy's OpenBLAS).
         "test": ["pytest>=7", "pytest-xdist>=3.2", "hypothesis>=6.80", "nbformat>=5.7",
                  "nbclient>=0.7", "ipykernel>=6", "ruff>=0.6"] + CUDA + MPI + MKL,
         # The independent reference for tests (compared where installed) and the benchmarks'
