@@ -134,6 +134,46 @@ def test_bench_fullsize_interleaved_smoke(capsys):
                          rf"+[\d.]+ \w?i?B +[\d.]+\*?$", out, re.M), out
 
 
+LAYER_ROW = (r"^(\w+) +(\d+) +[\dx]+ +\d+x\d+/\d +(pointwise|winograd|windows|bands|im2col|"
+             r"direct [a-zW+]+) +[\d.]+ +\d+ +[\d.]+ +\d+")
+
+
+def test_bench_layers_smoke(capsys):
+    """After the full-size smoke (its kernels compiled): one row per distinct convolution of the
+    net, the rows' counts adding up to the net's convolutions, and the totals line."""
+    assert run_script("bench_layers.py", "--smoke", "--no-torch") == 0
+    out = capsys.readouterr().out
+    head = re.search(r"^bench_layers: resnet50 32x32 batch 2, (\d+) distinct convolutions, \d+ "
+                     r"threads, best of 1 in each of 1 rounds, hot; PyTorch: none \(--no-torch\)$",
+                     out, re.M)
+    assert head, out
+    rows = re.findall(LAYER_ROW + r"$", out, re.M)
+    assert len(rows) == int(head.group(1)) > 10, out
+    assert len({name for name, _, _ in rows}) == len(rows)
+    layers = sum(int(count) for _, count, _ in rows)
+    assert layers == 53, rows                     # ResNet-50's convolutions, projections too
+    assert {"pointwise"} <= {path for _, _, path in rows}
+    assert re.search(rf"^the net's convolutions \({layers} layers\): minilms forward [\d.]+ ms "
+                     r"\(\d+% of SGEMM\), backward [\d.]+ ms \(\d+%\) \(numpy's SGEMM \d+ "
+                     r"GFLOP/s in this run\)$", out, re.M), out
+
+
+def test_bench_layers_against_torch_smoke(capsys):
+    pytest.importorskip("torch", reason="PyTorch not installed: it is bench_layers' baseline")
+    assert run_script("bench_layers.py", "--smoke") == 0
+    out = capsys.readouterr().out
+    rows = re.findall(LAYER_ROW + r" +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$", out, re.M)
+    assert len(rows) > 10, out
+    assert re.search(r"; PyTorch forward [\d.]+ ms \(\d+%\), backward [\d.]+ ms \(\d+%\); ratio "
+                     r"forward [\d.]+x, backward [\d.]+x", out), out
+
+
+def test_bench_layers_bad_net_exits_2(capsys):
+    assert run_script("bench_layers.py", "--net", "resnet50:224") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["bench_layers: --net: expected model:size:batch, found 'resnet50:224'"]
+
+
 def test_bench_blas_smoke(capsys):
     """MKL against OpenBLAS: a row per product shape and per net, ratios printed (never
     asserted), and the library chosen before the run chosen again after it."""
