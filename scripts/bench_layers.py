@@ -1,25 +1,28 @@
 """A full-size net's convolutions shape by shape: minilms' layer, with the paths its engine takes
 in the net, against PyTorch's ``conv2d`` on the same threads, forward and backward.
 
-    python scripts/bench_layers.py [--net resnet50:224:8] [--rounds 3] [--repeat 3]
+    python scripts/bench_layers.py [--net resnet50:224:8] [--rounds 3] [--repeat 3] [--cold]
                                    [--torch-python PATH] [--no-torch] [--smoke]
 
 Every distinct convolution of the net as written (input shape, weight shape, geometry; the layers
 a fused net stacks are apart here, as PyTorch runs them) once, named by its first layer, with the
-number of layers of that shape. Each is timed hot, as ``bench_kernels`` times: the best of
-``--repeat`` calls after a warm-up, in ``--rounds`` rounds that alternate the two libraries, each
-keeping its best. The backward computes the input gradient only where the net needs one (not for
-a layer over the data). PyTorch runs in a process of its own with its own thread defaults (as in
-``bench_fullsize``; minilms' ``OMP_WAIT_POLICY`` slows its OpenMP), started with
+number of layers of that shape. Each is timed as ``bench_kernels`` times: the best of ``--repeat``
+calls after a warm-up, in ``--rounds`` rounds that alternate the two libraries, each keeping its
+best; hot (the operands in cache as far as they fit), or with ``--cold`` after every cache line of
+400 MiB is written before each call (``bench_slotted``'s way), so that operands and weights come
+from memory as in the net. The backward computes the input gradient only where the net needs
+one (not for a layer over the data). PyTorch runs in a process of its own with its own thread
+defaults (as in ``bench_fullsize``; minilms' ``OMP_WAIT_POLICY`` slows its OpenMP), started with
 ``--torch-python`` (default: this interpreter, if it has torch) and asked for one shape at a time.
 
 Columns: the layers of the shape, the path minilms' engine takes (``pointwise``, ``winograd``,
 ``windows``, ``bands``, ``direct`` or ``im2col``), each pass's ms and GFLOP/s, PyTorch's ms and
 the ratio (PyTorch's time over minilms'; above 1 minilms is faster). Last, the net's convolutions
-as a whole (each shape's times by its count) against numpy's SGEMM rate measured in this run. Hot
-operands make a layer faster than in the net, where its inputs come from memory: the training
-benchmarks (``bench_fullsize``) and a trace's table say what the net's iteration does. Where
-``bench_fullsize`` says how far minilms is from PyTorch, this says on which shapes.
+as a whole (each shape's times by its count) against numpy's SGEMM rate measured in this run.
+Neither way is the net's iteration, where a layer follows others (docs/benchmarks.md, session 61:
+a path faster here measured slower in the net): the training benchmarks (``bench_fullsize``) and
+a trace's table say what the iteration does. Where ``bench_fullsize`` says how far minilms is
+from PyTorch, this says on which shapes.
 
 ``--smoke``: tiny, for the test suite.
 """
@@ -33,16 +36,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SETTLE_SECONDS = 0.3    # quiet before each library's turn (bench_kernels.SETTLE_SECONDS)
+FLUSH_BYTES = 400 << 20  # written before each call with --cold: beyond any last-level cache here
 
 
-def best_of(run, repeat: int, warmup: float) -> float:
-    """The fastest of ``repeat`` calls, after calls for ``warmup`` seconds (the first compiles)."""
+def best_of(run, repeat: int, warmup: float, flush=None) -> float:
+    """The fastest of ``repeat`` calls, after calls for ``warmup`` seconds (the first compiles);
+    with ``flush`` (a float32 array), every cache line of it written before each timed call."""
     began = time.perf_counter()
     run()
     while time.perf_counter() - began < warmup:
         run()
     fastest = float("inf")
     for _ in range(repeat):
+        if flush is not None:
+            flush[::16] += 1
         began = time.perf_counter()
         run()
         fastest = min(fastest, time.perf_counter() - began)
@@ -107,12 +114,14 @@ def minilms_calls(shape, rng):
 
 # -- PyTorch's side, in a process of its own -----------------------------------------------------
 
-def torch_worker(shapes_json: str, threads: int, repeat: int, warmup: float) -> None:
+def torch_worker(shapes_json: str, threads: int, repeat: int, warmup: float, cold: bool) -> None:
     """The child: builds every shape's tensors, says READY, then for each index read from stdin
-    prints ``TIME forward backward`` (seconds, best of ``repeat``)."""
+    prints ``TIME forward backward`` (seconds, best of ``repeat``; ``cold`` as ``--cold``)."""
+    import numpy as np
     import torch
     import torch.nn.functional as F
     torch.set_num_threads(threads)
+    flush = np.ones(FLUSH_BYTES // 4, np.float32) if cold else None
     generator = torch.Generator().manual_seed(0)
     cases = []
     for shape in json.loads(shapes_json):
@@ -131,20 +140,20 @@ def torch_worker(shapes_json: str, threads: int, repeat: int, warmup: float) -> 
     print("READY", flush=True)
     for line in sys.stdin:
         forward, backward = cases[int(line)]      # the forward with autograd on, as in training
-        fwd = best_of(forward, repeat, warmup)
-        print(f"TIME {fwd!r} {best_of(backward, repeat, warmup)!r}", flush=True)
+        fwd = best_of(forward, repeat, warmup, flush)
+        print(f"TIME {fwd!r} {best_of(backward, repeat, warmup, flush)!r}", flush=True)
 
 
 class TorchProcess:
     """The PyTorch child, asked one shape at a time."""
 
-    def __init__(self, python, shapes, threads, repeat, warmup):
+    def __init__(self, python, shapes, threads, repeat, warmup, cold):
         from bench_fullsize import worker_env
         public = [{k: v for k, v in shape.items() if k != "layer"} for shape in shapes]
         self.process = subprocess.Popen(
             [python, __file__, "--torch-worker", json.dumps(public), str(threads), str(repeat),
-             str(warmup)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            env=worker_env("torch"))
+             str(warmup), "cold" if cold else "hot"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, env=worker_env("torch"))
         if self._line() != "READY":
             raise RuntimeError("bench_layers: the PyTorch process did not start")
 
@@ -212,14 +221,16 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--warmup", type=float, default=0.2)
+    parser.add_argument("--cold", action="store_true",
+                        help="400 MiB written before each timed call (operands from memory)")
     parser.add_argument("--torch-python", default=None, help="an interpreter that has torch")
     parser.add_argument("--no-torch", action="store_true", help="minilms' times alone")
     parser.add_argument("--smoke", action="store_true", help="tiny and quick: for the test suite")
-    parser.add_argument("--torch-worker", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--torch-worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.torch_worker:
-        shapes, threads, repeat, warmup = args.torch_worker
-        torch_worker(shapes, int(threads), int(repeat), float(warmup))
+        shapes, threads, repeat, warmup, cold = args.torch_worker
+        torch_worker(shapes, int(threads), int(repeat), float(warmup), cold == "cold")
         return 0
     if args.rounds < 1 or args.repeat < 1:
         print(f"bench_layers: --rounds and --repeat: expected at least 1, found {args.rounds} "
@@ -238,7 +249,9 @@ def main(argv=None) -> int:
     shapes = shapes_of(net)
     threads = numba.get_num_threads()
     python, why_not = (None, "--no-torch") if args.no_torch else torch_python(args)
-    rival = TorchProcess(python, shapes, threads, args.repeat, args.warmup) if python else None
+    rival = TorchProcess(python, shapes, threads, args.repeat, args.warmup,
+                         args.cold) if python else None
+    flush = np.ones(FLUSH_BYTES // 4, np.float32) if args.cold else None
     rng = np.random.default_rng(0)
     calls = [minilms_calls(shape, rng) for shape in shapes]
     ours = [[float("inf")] * 2 for _ in shapes]
@@ -246,13 +259,14 @@ def main(argv=None) -> int:
     sgemm = sgemm_rate(256 if args.smoke else 2048)
     print(f"bench_layers: {case['model']} {case['size']}x{case['size']} batch {case['batch']}, "
           f"{len(shapes)} distinct convolutions, {threads} threads, best of {args.repeat} in each "
-          f"of {args.rounds} rounds, hot; PyTorch: {python or 'none (' + why_not + ')'}")
+          f"of {args.rounds} rounds, {'cold' if args.cold else 'hot'}; PyTorch: "
+          f"{python or 'none (' + why_not + ')'}")
     try:
         for _ in range(args.rounds):
             for i, (forward, backward) in enumerate(calls):
                 time.sleep(SETTLE_SECONDS if not args.smoke else 0)
-                ours[i][0] = min(ours[i][0], best_of(forward, args.repeat, args.warmup))
-                ours[i][1] = min(ours[i][1], best_of(backward, args.repeat, args.warmup))
+                ours[i][0] = min(ours[i][0], best_of(forward, args.repeat, args.warmup, flush))
+                ours[i][1] = min(ours[i][1], best_of(backward, args.repeat, args.warmup, flush))
                 if rival:
                     time.sleep(SETTLE_SECONDS)
                     theirs[i] = [min(a, b) for a, b in zip(theirs[i], rival.time(i))]

@@ -158,6 +158,14 @@ def test_bench_layers_smoke(capsys):
                      r"GFLOP/s in this run\)$", out, re.M), out
 
 
+def test_bench_layers_cold_smoke(capsys):
+    assert run_script("bench_layers.py", "--smoke", "--no-torch", "--cold") == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^bench_layers: resnet50 32x32 batch 2, \d+ distinct convolutions, .* "
+                     r"rounds, cold; PyTorch: none \(--no-torch\)$", out, re.M), out
+    assert len(re.findall(LAYER_ROW + r"$", out, re.M)) > 10, out
+
+
 def test_bench_layers_against_torch_smoke(capsys):
     pytest.importorskip("torch", reason="PyTorch not installed: it is bench_layers' baseline")
     assert run_script("bench_layers.py", "--smoke") == 0
