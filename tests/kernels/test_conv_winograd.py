@@ -135,6 +135,36 @@ def test_matches_the_definition(n, c, o, height, width, pad, m, slots, with_bias
         np.testing.assert_allclose(db, want_db, rtol=1e-5, atol=1e-5 * terms)
 
 
+@pytest.mark.parametrize("m", [2, 4])
+def test_the_forwards_kernel_either_way_round(tiles, monkeypatch, m):
+    """The forward with its transformed kernel kept ``[C, O]`` (``V @ U``, from the weights
+    with their channels swapped) and ``[O, C]`` (``V @ U^T``): each against the definition, the
+    two kernels each other's transpose; the rule keeps F(4, 3)'s ``[C, O]``."""
+    tiles(m)
+    rng = np.random.default_rng(m)
+    x = rng.standard_normal((3, 5, 9, 9)).astype(np.float32)
+    weight = rng.standard_normal((7, 5, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(7).astype(np.float32)
+    want = reference(x, weight, bias, *geometry(1)[1:])
+    ys, kernels = [], []
+    for swapped in (False, True):
+        monkeypatch.setattr(winograd, "kernel_untransposed", lambda m, swapped=swapped: swapped)
+        work = np.full(winograd.workspace_elements(x.shape, weight.shape, 1, 2), np.nan,
+                       np.float32)
+        y = np.full(want.shape, np.nan, np.float32)
+        winograd.forward(x, weight, bias, y, work, 2, geometry(1), 3)
+        np.testing.assert_allclose(y, want, rtol=TOLERANCE[m], atol=TOLERANCE[m] * np.sqrt(45))
+        ys.append(y)
+        u = winograd._kernel(np.empty(winograd.kernel_size(weight.shape, m), np.float32),
+                             weight, m, swapped)
+        winograd.transform_weights(weight, u, m, False, 2, swapped)
+        kernels.append(u)
+    assert kernels[0].shape == (m * m + 4 * m + 4, 7, 5) and kernels[1].shape[1:] == (5, 7)
+    np.testing.assert_allclose(kernels[1], kernels[0].transpose(0, 2, 1), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(ys[1], ys[0], rtol=1e-5, atol=1e-5)
+    assert winograd_rules.kernel_untransposed(4) and not winograd_rules.kernel_untransposed(2)
+
+
 def assert_split_is_whole(x, weight, dy, library, splits, dw_atol=1e-3):
     """The step split at each ``(cuts, threads)`` of ``splits`` (``threads`` None: all of
     them) against the whole step on ``library``: forward and input gradient bit for bit (a

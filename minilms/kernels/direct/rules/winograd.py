@@ -3,6 +3,7 @@
 import numpy as np
 
 __all__ = ["applies", "pays", "WINOGRAD_PLANE", "WINOGRAD_CHANNELS", "tile_size", "MIN_TILES_4",
+           "kernel_untransposed",
            "MAX_SLOTS", "MAX_BLOCK", "GROUP_TILES", "BAND_WORKER", "Layout", "layouts_of",
            "kernel_size", "workspace_elements", "slot_count", "work_units"]
 
@@ -38,6 +39,14 @@ def tile_size(weight_shape, out_hw) -> int:
 
 
 MIN_TILES_4 = 32
+
+
+def kernel_untransposed(m: int) -> bool:
+    """Whether the forward keeps its transformed kernel ``U[k]`` ``[in, out]``, so that a
+    block's products are ``V @ U`` (a copy of the weights with their channels swapped first),
+    rather than ``[out, in]`` and ``V @ U^T``: where that measured faster in the nets, F(4,
+    3)'s (docs/benchmarks.md, "Why the code chose", session 62)."""
+    return m == 4
 
 
 # At most this many workers, each with its buffers in the workspace: as windows.MAX_SLOTS, a
