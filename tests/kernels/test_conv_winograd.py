@@ -196,7 +196,8 @@ def test_bands_of_tile_rows_match_the_definition(n, c, o, height, width, pad, m,
                                                  band_rows, seed):
     """A worker over ``BAND_WORKER`` turns a sample in bands of tile rows (GoogLeNet's planes at
     2240x2240), each band a unit of work, the last one short where the rows do not divide:
-    forward and gradients still the definition's, through NaN-filled buffers."""
+    forward and gradients still the definition's, through NaN-filled buffers. (Small planes
+    stand in for large ones: ``GROUP_TILES`` 1, so that none goes in groups.)"""
     if width + 2 * pad < 3:
         return
     rng = np.random.default_rng(seed)
@@ -204,8 +205,8 @@ def test_bands_of_tile_rows_match_the_definition(n, c, o, height, width, pad, m,
     weight = rng.standard_normal((o, c, 3, 3)).astype(np.float32)
     out_h, out_w = height + 2 * pad - 2, width + 2 * pad - 2
     dy = rng.standard_normal((n, o, out_h, out_w)).astype(np.float32)
-    saved = winograd_rules.tile_size, winograd_rules.BAND_WORKER
-    winograd_rules.tile_size = lambda *args: m
+    saved = winograd_rules.tile_size, winograd_rules.BAND_WORKER, winograd_rules.GROUP_TILES
+    winograd_rules.tile_size, winograd_rules.GROUP_TILES = (lambda *args: m), 1
     try:
         forward = winograd_rules.layouts_of(x.shape, weight.shape, pad)[0]
         winograd_rules.BAND_WORKER = forward._size(band_rows)     # bands of band_rows tile rows
@@ -214,7 +215,7 @@ def test_bands_of_tile_rows_match_the_definition(n, c, o, height, width, pad, m,
         assert forward.bands == -(-forward.tiles_h // forward.band_rows)
         y, dx, dw, _ = run(x, weight, None, dy, pad, slots)
     finally:
-        winograd_rules.tile_size, winograd_rules.BAND_WORKER = saved
+        winograd_rules.tile_size, winograd_rules.BAND_WORKER, winograd_rules.GROUP_TILES = saved
     tol, args = TOLERANCE[m], geometry(pad)
     np.testing.assert_allclose(y, reference(x, weight, np.zeros(o), *args[1:]), rtol=tol,
                                atol=tol * np.sqrt(9 * c))
@@ -316,17 +317,23 @@ def test_a_samples_results_do_not_depend_on_the_chunk_or_the_threads(tiles, libr
 
 def test_groups_and_blocks():
     """A plane of fewer than ``GROUP_TILES`` tiles goes in groups of samples, evened out over
-    the batch and leaving a group for each of ``MAX_SLOTS`` workers; a larger one in equal
-    blocks of at most ``MAX_BLOCK`` tiles. Neither depends on the chunk: the layouts are the
-    layer's (``batch``)."""
+    the batch: F(2, 3)'s shared by the workers, of about ``SHARED_TILES`` tiles; F(4, 3)'s
+    leaving a group for each of ``MAX_SLOTS`` workers; a larger plane in equal blocks of at
+    most ``MAX_BLOCK`` tiles. None depends on the chunk: the layouts are the layer's
+    (``batch``)."""
     weight = (256, 256, 3, 3)
     layout = winograd_rules.layouts_of((8, 256, 14, 14), weight, 1)[0]      # F(2, 3): 49 tiles
-    assert (layout.m, layout.group, layout.block) == (2, 2, 98)
-    assert winograd_rules.layouts_of((3, 256, 14, 14), weight, 1, batch=8)[0].group == 2
-    assert winograd_rules.layouts_of((64, 256, 14, 14), weight, 1)[0].group == 2  # 128 // 49
-    assert winograd_rules.layouts_of((3, 256, 14, 14), weight, 1)[0].group == 1
+    assert (layout.m, layout.group, layout.block, layout.shared) == (2, 8, 392, True)
+    assert layout.rooms(4) == 1
+    assert winograd_rules.layouts_of((3, 256, 14, 14), weight, 1, batch=8)[0].group == 8
+    assert winograd_rules.layouts_of((64, 256, 14, 14), weight, 1)[0].group == 8  # 400 // 49
+    assert winograd_rules.layouts_of((9, 256, 14, 14), weight, 1)[0].group == 5   # evened
+    assert winograd_rules.layouts_of((3, 256, 14, 14), weight, 1)[0].group == 3
+    small = winograd_rules.layouts_of((8, 128, 28, 28), (128, 128, 3, 3), 1)[0]  # F(4, 3): 49
+    assert (small.m, small.group, small.block, small.shared) == (4, 2, 98, False)
+    assert small.rooms(4) == 4
     big = winograd_rules.layouts_of((8, 64, 56, 56), (64, 64, 3, 3), 1)[0]   # F(4, 3): 196 tiles
-    assert (big.m, big.group, big.block) == (4, 1, 196)
+    assert (big.m, big.group, big.block, big.shared) == (4, 1, 196, False)
     huge = winograd_rules.layouts_of((1, 8, 224, 224), (8, 8, 3, 3), 1)[0]   # 3136 tiles
     blocks = -(-huge.tiles // huge.block)
     assert blocks == -(-huge.tiles // winograd_rules.MAX_BLOCK)
@@ -344,6 +351,41 @@ def test_groups_and_blocks():
         assert runs[0][0] == 0 and runs[-1][1] == 4
         assert all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
         assert all((first + 1) % 2 == 0 for first, _ in runs[1:])   # whole groups after the first
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_shared_groups_bits_do_not_depend_on_the_threads(monkeypatch, library):
+    """Where the workers share a group (F(2, 3) on a small plane; ``SHARED_CHANNELS`` lowered
+    here), every gradient's bits are the same with one thread or all, the weight gradient's too
+    (a position's sum is one thread's); a split step's forward and input gradient are the whole
+    step's; its workspace is one room whatever the slots."""
+    monkeypatch.setattr(winograd_rules, "SHARED_CHANNELS", 16)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5, 24, 14, 14)).astype(np.float32)
+    weight = rng.standard_normal((20, 24, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((5, 20, 14, 14)).astype(np.float32)
+    assert all(layout.shared for layout in winograd_rules.layouts_of(x.shape, weight.shape, 1))
+    threads = numba.get_num_threads()
+    found = []
+    try:
+        for count in sorted({1, threads}):
+            numba.set_num_threads(count)
+            found.append(run(x, weight, None, dy, 1, winograd.MAX_SLOTS))
+    finally:
+        numba.set_num_threads(threads)
+    for got in found[1:]:
+        for a, b in zip(got[:3], found[0][:3]):
+            assert np.array_equal(a, b)
+    assert winograd.workspace_elements(x.shape, weight.shape, 1, 1) == \
+        winograd.workspace_elements(x.shape, weight.shape, 1, winograd.MAX_SLOTS)
+    y, dx, dw, _ = found[0]
+    np.testing.assert_allclose(y, reference(x, weight, np.zeros(20), *geometry(1)[1:]),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dw, reference_weight_grad(x, dy, *geometry(1))[0], rtol=1e-4,
+                               atol=1e-3)
+    assert_split_is_whole(x, weight, dy, library, (((0, 1, 4, 5), None), ((0, 2, 5), 1)))
+    monkeypatch.setattr(winograd_rules, "SHARED_CHANNELS", 25)        # 20 out: not shared
+    assert not winograd_rules.layouts_of(x.shape, weight.shape, 1)[0].shared
 
 
 def test_the_workspace_does_not_depend_on_the_threads():

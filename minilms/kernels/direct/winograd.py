@@ -33,7 +33,10 @@ them back into an ``[OH, OW, O]`` copy of the output, all in its own core's cach
 that into ``y``. The whole sample is one call of a Numba kernel (``nogil``) that calls
 ``cblas_sgemm`` itself (``kernels.cblas``): through Python, the GEMMs' calls held the GIL longer
 than the GEMMs ran. This module lays out the workspace, transforms the kernel (a GEMM with ``K
-[a^2, 9]``) and deals the samples out to workers.
+[a^2, 9]``) and deals the samples out to workers. On F(2, 3)'s small planes (14x14) the workers
+share instead one group of the batch's samples at a time (``Layout.shared``: the samples turned
+one a worker, then the positions' products of all their tiles, one a worker, then the samples
+untiled), where a group a worker made products of a quarter the height, slower a row.
 
 Deterministic: a block's GEMMs always have the same shape (a sample's tiles are cut into the same
 blocks; a group short of samples has zero rows), a GEMM is one thread's, and a sample's rows sit
@@ -42,7 +45,9 @@ inside one leaves its first places empty). A row's bits depend only on its own d
 and its place (MKL's not even on the place; OpenBLAS's small products do), so the forward and
 ``dx`` of a sample are its own: a split step's equal the whole step's.
 ``dW`` sums blocks in sample order per worker, then the workers' sums: its bits depend on the
-thread count and are regrouped when a step is split, as the row windows' are. Against the direct
+thread count and are regrouped when a step is split, as the row windows' are (where the workers
+share the groups, a position's sum is one worker's, group after group, and depends on the
+threads no more). Against the direct
 product the result differs by the transforms' float32 rounding (the tests bound it against a
 float64 loop: F(4, 3)'s is about ten times F(2, 3)'s).
 """
@@ -58,6 +63,7 @@ from .rules.winograd import (  # noqa: F401  (its rules, named as its own)
     MAX_BLOCK,
     MAX_SLOTS,
     MIN_TILES_4,
+    SHARED_TILES,
     WINOGRAD_CHANNELS,
     WINOGRAD_PLANE,
     Layout,
@@ -71,7 +77,15 @@ from .rules.winograd import (  # noqa: F401  (its rules, named as its own)
     workspace_elements,
 )
 from .weight_grad import bias_grad
-from .winograd_tiles import convolve_runs, convolve_samples, matrices, weight_sums, weight_sums_runs
+from .winograd_tiles import (
+    convolve_runs,
+    convolve_samples,
+    convolve_shared,
+    matrices,
+    weight_sums,
+    weight_sums_runs,
+    weight_sums_shared,
+)
 
 __all__ = ["applies", "pays", "tile_size", "MAX_SLOTS", "kernel_matrix", "workspace_elements",
            "slot_count", "forward", "backward"]
@@ -142,6 +156,14 @@ def _deal(samples: int, slots: int, group: int, bands: int = 1, lead: int = 0):
             for t in range(workers)]
 
 
+def _workers(batch: int, slots: int, layout) -> int:
+    """The workers of the kernel's transforms (``_in_parts``): the layer's, or where they share
+    the groups, a thread each up to ``slots``."""
+    if layout.shared:
+        return max(1, min(numba.get_num_threads(), slots))
+    return len(_deal(batch, slots, layout.group, layout.bands))
+
+
 def _room_rows(work, kernel, workers, layout):
     """Each worker's room, after ``U`` and ``dW``'s sums: the rows of one array (the workers on
     Numba's threads cut their buffers from theirs)."""
@@ -162,7 +184,7 @@ def _gemm(layout):
     F(4, 3)'s taller products ran the backward slower (docs/benchmarks.md, "Why the code
     chose")."""
     gemm, library = cblas.chosen_sgemm()
-    if GROUPS and (library == "mkl" or layout.m == 2):
+    if layout.shared or (GROUPS and (library == "mkl" or layout.m == 2)):
         return gemm, layout.group, layout.block
     return gemm, 1, layout.sample_block
 
@@ -180,8 +202,13 @@ def _convolve(x, u, u_trans, bias, y, work, slots, pad, layout, first):
     samples per worker; ``x[0]`` is the layer's sample ``first``."""
     gemm, group, block = _gemm(layout)
     lead = _places(first, group, layout.bands)
-    runs = _deal(x.shape[0], slots, group, layout.bands, lead)
     shift = bias if bias is not None else np.zeros(y.shape[1], np.float32)
+    if layout.shared:
+        with blas_threads.one_blas_thread():
+            convolve_shared(gemm, x, lead, u, u_trans, shift, y, pad, group, layout.tiles_w,
+                            layout.m, *_rooms(work, 1, u.size, layout)[0])
+        return
+    runs = _deal(x.shape[0], slots, group, layout.bands, lead)
     if blas_threads.NUMBA_THREADS:
         with blas_threads.one_blas_thread():
             convolve_runs(gemm, x, np.array(runs, np.int64), lead, u, u_trans, shift, y, pad,
@@ -216,7 +243,7 @@ def forward(x, weight, bias, y, work, slots, geometry, batch, first: int = 0) ->
     swapped = kernel_untransposed(layout.m)         # u[k] [C, O]: V @ U
     u = _kernel(work, weight, layout.m, swapped)
     transform_weights(weight, u, layout.m, False,
-                      len(_deal(batch, slots, layout.group, layout.bands)), swapped)
+                      _workers(batch, slots, layout), swapped)
     _convolve(x, u, not swapped, bias, y, work, slots, pad, layout, first)
 
 
@@ -229,7 +256,7 @@ def backward(x, dy, weight, dx, dweight, dbias, work, slots, geometry, batch,
     if dbias is not None:
         bias_grad(dy.reshape(samples, out, -1), dbias)
     layout, turned = layouts_of(x.shape, weight.shape, pad, batch)
-    workers = len(_deal(batch, slots, layout.group, layout.bands))
+    workers = _workers(batch, slots, layout)
     if dweight is not None:
         kernel = kernel_size(weight.shape, layout.m)
         mw = work[kernel:2 * kernel].reshape(layout.alpha ** 2, out, weight.shape[1])
@@ -246,6 +273,11 @@ def _weight_sums(x, dy, mw, work, slots, pad, layout, first):
     the others' temporaries, as the row windows'), then the workers' sums in worker order."""
     gemm, group, block = _gemm(layout)
     lead = _places(first, group, layout.bands)
+    if layout.shared:
+        with blas_threads.one_blas_thread():
+            weight_sums_shared(gemm, x, dy, lead, mw, pad, group, layout.tiles_w, layout.m,
+                               *_rooms(work, 1, mw.size, layout)[0])
+        return
     runs = _deal(x.shape[0], slots, group, layout.bands, lead)
     others = np.empty((len(runs) - 1,) + mw.shape, mw.dtype)
     sums = [mw] + list(others)

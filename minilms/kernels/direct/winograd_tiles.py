@@ -14,7 +14,8 @@ from numba import njit, prange
 from ..cblas import NO_TRANS, ROW_MAJOR, TRANS
 
 __all__ = ["matrices", "to_channels_last", "from_channels_last", "turn_tiles", "untile",
-           "convolve_samples", "weight_sums", "convolve_runs", "weight_sums_runs"]
+           "convolve_samples", "weight_sums", "convolve_runs", "weight_sums_runs",
+           "convolve_shared", "weight_sums_shared"]
 
 
 def matrices(m: int, dtype=np.float32):
@@ -355,3 +356,52 @@ def weight_sums_runs(gemm, x, dy, runs, lead, mw, others, pad, group, block, til
         sums = mw if t == 0 else others[t - 1]
         weight_sums(gemm, x, dy, runs[t, 0], runs[t, 1], (runs[t, 0] + lead) % group, sums,
                     pad, group, block, tiles_w, m, bands, band_rows, xt, v, turned, dyt)
+
+
+# -- a group at a time, the workers on it together (``rules.winograd.Layout.shared``) -------------
+@njit(parallel=True, cache=True, nogil=True)
+def convolve_shared(gemm, x, lead, u, u_trans, bias, y, pad, group, tiles_w, m, xt, v, mm, yt):
+    """``convolve_samples`` for every sample of ``x``, a group at a time (the first starting
+    ``lead`` places before ``x[0]``), on the threads together: the group's samples turned one a
+    thread, then its positions' products one a thread (each whole, the group's tiles), then its
+    samples untiled one a thread; one room's buffers. A sample's bits are its own, as there."""
+    channels, out, samples = x.shape[1], y.shape[1], x.shape[0]
+    tiles = v.shape[1] // group
+    trans = TRANS if u_trans else NO_TRANS
+    for unit in range(-lead, samples, group):
+        low, high = max(0, -unit), min(group, samples - unit)     # the places with samples
+        for j in prange(group):
+            if low <= j < high:
+                to_channels_last(x[unit + j], xt[j], pad, 0)
+                turn_tiles(xt[j], 0, tiles, tiles_w, m, False, v, j * tiles)
+            else:
+                v[:, j * tiles:(j + 1) * tiles] = 0
+        for k in prange(v.shape[0]):
+            gemm(ROW_MAJOR, NO_TRANS, trans, v.shape[1], out, channels, 1.0, v[k].ctypes.data,
+                 channels, u[k].ctypes.data, u.shape[2], 0.0, mm[k].ctypes.data, out)
+        for j in prange(low, high):
+            untile(mm, j * tiles, 0, tiles, tiles_w, m, yt[j])
+            from_channels_last(yt[j], y[unit + j], bias, 0)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def weight_sums_shared(gemm, x, dy, lead, mw, pad, group, tiles_w, m, xt, v, turned, dyt):
+    """``weight_sums`` for every sample of ``x``, a group at a time, on the threads together
+    (``convolve_shared``): a position's sum is one thread's, group after group, so that its
+    bits do not depend on the threads (``mw`` overwritten)."""
+    out, channels, samples = mw.shape[1], mw.shape[2], x.shape[0]
+    tiles = v.shape[1] // group
+    beta = 0.0
+    for unit in range(-lead, samples, group):
+        low, high = max(0, -unit), min(group, samples - unit)
+        for j in prange(low, high):
+            to_channels_last(x[unit + j], xt[j], pad, 0)
+            to_channels_last(dy[unit + j], dyt[j], 0, 0)
+            turn_tiles(xt[j], 0, tiles, tiles_w, m, False, v, j * tiles)
+            turn_tiles(dyt[j], 0, tiles, tiles_w, m, True, turned, j * tiles)
+        at = low * tiles
+        for k in prange(v.shape[0]):
+            gemm(ROW_MAJOR, TRANS, NO_TRANS, out, channels, (high - low) * tiles, 1.0,
+                 turned[k, at:].ctypes.data, out, v[k, at:].ctypes.data, channels, beta,
+                 mw[k].ctypes.data, channels)
+        beta = 1.0

@@ -3,9 +3,9 @@
 import numpy as np
 
 __all__ = ["applies", "pays", "WINOGRAD_PLANE", "WINOGRAD_CHANNELS", "tile_size", "MIN_TILES_4",
-           "kernel_untransposed",
-           "MAX_SLOTS", "MAX_BLOCK", "GROUP_TILES", "BAND_WORKER", "Layout", "layouts_of",
-           "kernel_size", "workspace_elements", "slot_count", "work_units"]
+           "kernel_untransposed", "MAX_SLOTS", "MAX_BLOCK", "GROUP_TILES", "SHARED_TILES",
+           "SHARED_CHANNELS", "SHARED", "BAND_WORKER", "Layout", "layouts_of", "kernel_size",
+           "workspace_elements", "slot_count", "work_units"]
 
 
 def applies(weight_shape, geometry) -> bool:
@@ -54,6 +54,13 @@ def kernel_untransposed(m: int) -> bool:
 MAX_SLOTS = 4
 MAX_BLOCK = 256     # tiles per block at most: a sample's tiles in equal blocks
 GROUP_TILES = 128   # a plane of fewer tiles goes in a group of samples, about this many tiles
+# F(2, 3) on such a plane with at least SHARED_CHANNELS channels in and out: the workers take a
+# group at a time together (``Layout.shared``), of about SHARED_TILES tiles, each position's
+# product whole on one worker; where it measured faster (docs/benchmarks.md, "Why the code
+# chose", session 62: ResNet's 14x14 256 -> 256, not GoogLeNet's narrower 14x14s)
+SHARED_TILES = 400
+SHARED_CHANNELS = 256
+SHARED = True      # False: a room a worker on every plane (the benchmark's A/B)
 # A worker's buffers, float32 elements, above which it turns a sample in bands of tile rows
 # rather than whole (the largest at 224x224, GoogLeNet's conv3, hold 2.6M; at 2240x2240 a whole
 # plane's copies alone are 20M and more).
@@ -64,9 +71,13 @@ class Layout:
     """One direction's sizes (``x`` to ``y``, or ``dy`` to ``dx``) for a layer of ``batch``
     samples: tiles, blocks and a worker's buffers, channels last. A block is a part of a sample's
     tiles or, on a small plane, the tiles of a group of ``group`` samples (the rows of a missing
-    sample's 0, so that a block's GEMMs always have the same shape, whatever the chunk). Per
-    worker: the inputs padded, ``xt [group, m th + 2, m tw + 2, C]``, a block's ``V [a^2, block,
-    C]`` and ``M [a^2, block, O]``, the outputs ``yt [group, m th, m tw, O]``. On a plane whose
+    sample's 0, so that a block's GEMMs always have the same shape, whatever the chunk). F(2,
+    3)'s small planes are ``shared``: their groups are larger (``SHARED_TILES``) and the
+    workers take one at a time together, each turning some of its samples, then running some
+    of its positions' products (each whole), then untiling some samples, in one room; other
+    layouts have a room a worker, each taking its own groups or samples. Per room: the inputs
+    padded, ``xt [group, m th + 2, m tw + 2, C]``, a block's ``V [a^2, block, C]`` and ``M
+    [a^2, block, O]``, the outputs ``yt [group, m th, m tw, O]``. On a plane whose
     worker would hold more than ``BAND_WORKER`` elements (2240x2240 images) a worker turns a
     sample in ``bands`` bands of ``band_rows`` tile rows (``th`` above; the last band may have
     fewer), each a unit of work of its own; its blocks are a band's tiles, evened."""
@@ -76,13 +87,17 @@ class Layout:
         self.channels, self.out = in_shape[1], out_shape[1]
         self.tiles_h, self.tiles_w = -(-out_shape[2] // m), -(-out_shape[3] // m)
         self.tiles = tiles = self.tiles_h * self.tiles_w
-        self.group = 1
-        if tiles < GROUP_TILES:     # evened out over the batch, and a group for each worker
+        self.group, self.shared = 1, (SHARED and m == 2 and tiles < GROUP_TILES and
+                                      min(self.channels, self.out) >= SHARED_CHANNELS)
+        if self.shared:             # evened out over the batch
+            most = max(1, min(SHARED_TILES // tiles, batch))
+            self.group = -(-batch // -(-batch // most))
+        elif tiles < GROUP_TILES:     # evened out over the batch, and a group for each worker
             most = max(1, min(GROUP_TILES // tiles, batch // MAX_SLOTS))
             self.group = -(-batch // -(-batch // most))
         self.band_rows, self.bands = self.tiles_h, 1
         self._size(self.tiles_h)
-        if self.group == 1 and self.worker > BAND_WORKER:
+        if self.group == 1 and not self.shared and self.worker > BAND_WORKER:
             self.band_rows = next((rows for rows in range(self.tiles_h - 1, 1, -1)
                                    if self._size(rows) <= BAND_WORKER), 1)
             self.bands = -(-self.tiles_h // self.band_rows)
@@ -99,6 +114,10 @@ class Layout:
                        (g, m * band_rows, m * tw, self.out))
         self.worker = sum(int(np.prod(s)) for s in self.shapes)
         return self.worker
+
+    def rooms(self, slots: int) -> int:
+        """The rooms it takes with ``slots`` workers: one where they share it."""
+        return 1 if self.shared else slots
 
     def buffers(self, room):
         """``room`` (``self.worker`` elements) as ``xt, V, M, yt``."""
@@ -124,21 +143,22 @@ def kernel_size(weight_shape, m):
 
 
 def workspace_elements(x_shape, weight_shape, pad, slots: int) -> int:
-    """``U`` and the first worker's ``dW`` sums (``a^2 O C`` each), then each worker's buffers
-    (the larger of the forward's and ``dx``'s)."""
+    """``U`` and the first worker's ``dW`` sums (``a^2 O C`` each), then each room's buffers
+    (the larger of the forward's and ``dx``'s: ``Layout.rooms``)."""
     layouts = layouts_of(x_shape, weight_shape, pad)
-    return 2 * kernel_size(weight_shape, layouts[0].m) + slots * max(
-        layout.worker for layout in layouts)
+    return 2 * kernel_size(weight_shape, layouts[0].m) + max(
+        layout.rooms(slots) * layout.worker for layout in layouts)
 
 
 def slot_count(x_shape, weight_shape, pad, elements: int) -> int:
-    """The workers ``elements`` hold: at most ``MAX_SLOTS`` and the batch's groups (0: not even
-    one)."""
+    """The workers ``elements`` hold: at most ``MAX_SLOTS`` and the batch's groups, where each
+    has a room; ``MAX_SLOTS`` where they share one and it fits (0: not even one)."""
     layouts = layouts_of(x_shape, weight_shape, pad)
-    kernel = kernel_size(weight_shape, layouts[0].m)
-    units = min(work_units(x_shape[0], layout) for layout in layouts)
-    return max(0, min(MAX_SLOTS, units, (elements - 2 * kernel) //
-                      max(layout.worker for layout in layouts)))
+    room = elements - 2 * kernel_size(weight_shape, layouts[0].m)
+    counts = [(MAX_SLOTS if room >= layout.worker else 0) if layout.shared else
+              min(MAX_SLOTS, work_units(x_shape[0], layout), room // layout.worker)
+              for layout in layouts]
+    return max(0, min(counts))
 
 
 def work_units(samples: int, layout) -> int:
