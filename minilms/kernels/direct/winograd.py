@@ -33,10 +33,11 @@ them back into an ``[OH, OW, O]`` copy of the output, all in its own core's cach
 that into ``y``. The whole sample is one call of a Numba kernel (``nogil``) that calls
 ``cblas_sgemm`` itself (``kernels.cblas``): through Python, the GEMMs' calls held the GIL longer
 than the GEMMs ran. This module lays out the workspace, transforms the kernel (a GEMM with ``K
-[a^2, 9]``) and deals the samples out to workers. On F(2, 3)'s small planes (14x14) the workers
-share instead one group of the batch's samples at a time (``Layout.shared``: the samples turned
-one a worker, then the positions' products of all their tiles, one a worker, then the samples
-untiled), where a group a worker made products of a quarter the height, slower a row.
+[a^2, 9]``) and deals the samples out to workers. On F(2, 3)'s small planes (14x14) of 256
+channels and more the workers share instead one group of the batch's samples at a time
+(``Layout.shared``: the samples turned one a worker, then the positions' products of all their
+tiles, one a worker, then the samples untiled), where a group a worker made products of a
+quarter the height, slower a row.
 
 Deterministic: a block's GEMMs always have the same shape (a sample's tiles are cut into the same
 blocks; a group short of samples has zero rows), a GEMM is one thread's, and a sample's rows sit
@@ -182,7 +183,7 @@ def _gemm(layout):
     OpenBLAS's small products measured slower than MKL's and did not scale). A small plane's
     samples go in groups where that measured faster: on MKL, and on OpenBLAS with F(2, 3), where
     F(4, 3)'s taller products ran the backward slower (docs/benchmarks.md, "Why the code
-    chose")."""
+    chose"); and always where the workers share the groups (``Layout.shared``)."""
     gemm, library = cblas.chosen_sgemm()
     if layout.shared or (GROUPS and (library == "mkl" or layout.m == 2)):
         return gemm, layout.group, layout.block
