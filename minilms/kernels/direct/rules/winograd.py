@@ -89,11 +89,12 @@ class Layout:
         self.tiles = tiles = self.tiles_h * self.tiles_w
         self.group, self.shared = 1, (SHARED and m == 2 and tiles < GROUP_TILES and
                                       min(self.channels, self.out) >= SHARED_CHANNELS)
-        if self.shared:             # evened out over the batch
+        most = 0            # samples a group at most: shared, or a group for each worker
+        if self.shared:
             most = max(1, min(SHARED_TILES // tiles, batch))
-            self.group = -(-batch // -(-batch // most))
-        elif tiles < GROUP_TILES:     # evened out over the batch, and a group for each worker
+        elif tiles < GROUP_TILES:
             most = max(1, min(GROUP_TILES // tiles, batch // MAX_SLOTS))
+        if most:                    # evened out over the batch
             self.group = -(-batch // -(-batch // most))
         self.band_rows, self.bands = self.tiles_h, 1
         self._size(self.tiles_h)
