@@ -72,6 +72,16 @@ def test_layers_add_up_to_the_phases_and_the_phases_fit_in_the_wall_time(recorde
     assert updated == {"conv1", "fc"}           # the layers with parameters
     evaluation = tr.time_table("eval")
     assert evaluation and not any(r.backward or r.update for r in evaluation)
+    # every copy that ended in an iteration counted in its own: the trainings' and the lone
+    # evaluation's add up to the copy events (none ends between iterations here)
+    for direction in ("h2d", "d2h"):
+        copies = [e for e in tr.events if e.kind == "copy" and e.detail["direction"] == direction]
+        counted = [dict((d, (b, t)) for d, b, t in p.copies).get(direction, (0, 0.0))
+                   for p in (first, phase, lone)]
+        assert counted[0][0] + 4 * counted[1][0] + counted[2][0] == \
+            pytest.approx(sum(e.nbytes for e in copies)) and counted[1][0] > 0
+        assert counted[0][1] + 4 * counted[1][1] + counted[2][1] == pytest.approx(
+            sum(e.detail["end"] - e.detail["start"] for e in copies))
 
 
 def test_types_add_up_their_layers_and_the_text_names_every_type(recorded):
@@ -232,10 +242,11 @@ STALL = {0: ("forward", "conv1", 5), 2: ("backward", "conv2", 2)}   # iteration:
 OUTSIDE = 3                               # units of each iteration in no step
 
 
-def crafted_trace(training: int = 3) -> trace.Trace:
+def crafted_trace(training: int = 3, copies: dict | None = None) -> trace.Trace:
     """``training`` training iterations (the first ones of STEPS) and one evaluation, their
     steps, stalls and iterations emitted by hand with the times above, after the plan that names
-    the layers' types."""
+    the layers' types; ``copies``: by training iteration, its copies' ``(direction, bytes,
+    units)``, each emitted at the iteration's start."""
     inputs = batch(2, 3, 8, classes=4)
     net = make_net(CRAFTED, inputs)
     plan = make_plan(net, net.schedule(("momentum",)), 2**22)
@@ -250,6 +261,10 @@ def crafted_trace(training: int = 3) -> trace.Trace:
         events.emit("plan", "crafted", plan.capacity, plan=plan, net=net, train=True)
         for iteration in range(training):
             begin = clock[0]
+            for direction, nbytes, units in (copies or {}).get(iteration, ()):
+                start, end = span(units)
+                events.emit("copy", "c1", nbytes, direction=direction, start=start, end=end,
+                            stream=direction)
             for index, ((phase, layer), units) in enumerate(STEPS.items()):
                 if STALL.get(iteration, ())[:2] == (phase, layer):
                     start, end = span(STALL[iteration][2])
@@ -355,6 +370,52 @@ def test_known_step_times_give_the_means_and_shares_worked_out_by_hand(tmp_path,
                                          "5.4%"] not in lines
     assert ("  (1 more layer left out: 1.953 ms per iteration, 5.4% of the steps' time; "
             "--top 0 shows all)") in tr.summary(table=True, top=5)
+
+
+MiB = 2**20
+COPIES = {0: [("d2h", 4 * MiB, 200)], 1: [("h2d", 2 * MiB, 1), ("d2h", 4 * MiB, 2)],
+          2: [("h2d", 2 * MiB, 3), ("d2h", 4 * MiB, 2)]}
+
+
+def test_the_copies_per_iteration_keep_the_first_apart(tmp_path):
+    """Each direction's bytes and seconds per iteration, the mean after the first (H2D 2 MiB in
+    (1 + 3) / 2 = 2 units, D2H 4 MiB in 2) and the first's alone (D2H 4 MiB in 200 units: a first
+    iteration's copies home into pages never touched run slow, and a rate over the run mixes
+    it in); saved and loaded; a file written before they were kept loads without them."""
+    tr = crafted_trace(copies=COPIES)
+    assert tr.time_by_phase().copies == (("h2d", 2 * MiB, 2 * U), ("d2h", 4 * MiB, 2 * U))
+    assert tr.time_by_phase(which="first").copies == (("d2h", 4 * MiB, 200 * U),)
+    every = tr.time_by_phase(which="all").copies
+    assert [(d, b) for d, b, _ in every] == [("h2d", 4 * MiB / 3), ("d2h", 4 * MiB)]
+    assert [s for _, _, s in every] == pytest.approx([4 * U / 3, 204 * U / 3])
+    assert tr.time_by_phase("eval").copies == ()
+    text = tr.summary(table=True)
+    assert ("  copies per iteration: H2D 2.00 MiB in 1.953 ms (1.07 GB/s), D2H 4.00 MiB in "
+            "1.953 ms (2.15 GB/s)\n  copies in the first (left out): D2H 4.00 MiB in 195.312 ms "
+            "(0.0215 GB/s)\n") in text
+    assert "0 B" not in text.split("copies per iteration")[1].split("\n\n")[0]
+    path = tr.save(tmp_path / "trace.json")
+    loaded = trace.load_trace(path)
+    assert loaded.summary(table=True) == text
+    assert loaded.time_by_phase() == tr.time_by_phase()
+    document = json.loads(path.read_text())
+    totals = document["totals"]
+    for times in (*totals["times"].values(), *totals["times_first"].values(),
+                  totals["times_pending"]):
+        del times["copies"]
+    path.write_text(json.dumps(document))
+    older = trace.load_trace(path)
+    assert older.time_by_phase().copies == () and "copies per iteration" not in \
+        older.summary(table=True)
+    assert older.time_by_phase().wall == tr.time_by_phase().wall
+    totals["times"]["train"]["copies"] = {"h2d": [1, 0.5], "d2h": ["1", 0.5]}
+    path.write_text(json.dumps(document))
+    with pytest.raises(trace.TraceError, match=r"totals\.times\['train'\]\.copies\.d2h\[0\]: "
+                                               r"expected a byte count"):
+        trace.load_trace(path)
+    one_way = crafted_trace(training=1, copies={0: [("h2d", MiB, 4)]})
+    assert "copies in the first" not in one_way.summary(table=True)   # it is the one counted
+    assert "  copies per iteration: H2D 1.00 MiB in 3.906 ms" in one_way.summary(table=True)
 
 
 def test_a_lone_iteration_is_counted_warm_up_included_and_says_so():

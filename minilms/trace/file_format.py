@@ -8,7 +8,9 @@ that raises Malformed; the file's shape is written below as checks built from a 
 Version 2 added the steps' times to the totals (``times``: each iteration kind's iterations after
 its first, ``times_first``: its first, ``times_pending``: those of an iteration not ended yet) and
 the layers' types to each plan (``types``). A version 1 file without them loads (its time tables
-say it holds no step times); a version 2 file must hold them.
+say it holds no step times); a version 2 file must hold them. The copies' bytes and seconds per
+iteration kind (``copies`` in ``times``) came later in version 2: a file without them loads, and
+its time tables leave the copies out.
 """
 import math
 
@@ -151,11 +153,16 @@ DIRECTIONS = ("h2d", "d2h")
 STEP_TIMES = _dict_of(_dict_of(_row((NUMBER, COUNT), "[seconds, steps]"),
                                "[seconds, steps] by step kind", key=PHASE),
                       "the steps' times by layer name")
-TIMES = _record({"iterations": COUNT, "wall": NUMBER, "stall": NUMBER, "steps": STEP_TIMES},
-                "times (iterations, wall, stall, steps)", extra=False)
+COPY_TIMES = _record({d: _row((BYTES, NUMBER), "[bytes, seconds]") for d in DIRECTIONS},
+                     "the copies' [bytes, seconds] by direction (h2d, d2h)", extra=False)
+TIMES = _record({"iterations": COUNT, "wall": NUMBER, "stall": NUMBER, "steps": STEP_TIMES,
+                 "copies": COPY_TIMES}, "times (iterations, wall, stall, steps, copies)",
+                optional=("copies",), extra=False)
 ONE = _leaf(lambda v: type(v) is int and v == 1, "1 (one iteration)")
-FIRST_TIMES = _record({"iterations": ONE, "wall": NUMBER, "stall": NUMBER, "steps": STEP_TIMES},
-                      "one iteration's times (iterations, wall, stall, steps)", extra=False)
+FIRST_TIMES = _record({"iterations": ONE, "wall": NUMBER, "stall": NUMBER, "steps": STEP_TIMES,
+                       "copies": COPY_TIMES},
+                      "one iteration's times (iterations, wall, stall, steps, copies)",
+                      optional=("copies",), extra=False)
 TOTALS_FIELDS = {
     "peak": BYTES, "peak_time": _optional(NUMBER),
     "peak_step": _optional(_row((INTEGER, TEXT), "[step index, step name]")),

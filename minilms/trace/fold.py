@@ -55,8 +55,11 @@ class PlanInfo:
 
 
 def new_times() -> dict:
-    """One iteration kind's times (``Fold.times``), none counted yet."""
-    return {"iterations": 0, "wall": 0.0, "stall": 0.0, "steps": {}}
+    """One iteration kind's times (``Fold.times``), none counted yet: ``copies`` holds each
+    direction's ``[bytes, seconds]`` of the copies that ended in its iterations (a file written
+    before it was kept has none)."""
+    return {"iterations": 0, "wall": 0.0, "stall": 0.0, "steps": {},
+            "copies": {"h2d": [0, 0.0], "d2h": [0, 0.0]}}
 
 
 def add_times(into: dict, more: dict) -> dict:
@@ -64,6 +67,10 @@ def add_times(into: dict, more: dict) -> dict:
     into["iterations"] += more["iterations"]
     into["wall"] += more["wall"]
     into["stall"] += more["stall"]
+    for direction, (nbytes, seconds) in more.get("copies", {}).items():
+        entry = into.setdefault("copies", {}).setdefault(direction, [0, 0.0])
+        entry[0] += nbytes
+        entry[1] += seconds
     for layer, phases in more["steps"].items():
         mine = into["steps"].setdefault(layer, {})
         for phase, (seconds, count) in phases.items():
@@ -183,6 +190,10 @@ class Fold:
                 entry[0] += event.nbytes
                 entry[1] += 1
                 entry[2] += d["end"] - d["start"]
+                if self.times_pending is not None:
+                    entry = self.times_pending["copies"][d["direction"]]
+                    entry[0] += event.nbytes
+                    entry[1] += d["end"] - d["start"]
             elif kind == "kernel":
                 self._kernel(event)
             elif kind == "stall":

@@ -116,8 +116,9 @@ def summary_text(trace, table: bool = False, top: int | None = 20) -> str:
     out.append(line)
     busy = fold.ran["h2d"][2] + fold.ran["d2h"][2]
     if busy:
-        out.append(f"              copy time {busy * 1e3:.2f} ms (H2D "
-                   f"{fold.ran['h2d'][2] * 1e3:.2f} ms, D2H {fold.ran['d2h'][2] * 1e3:.2f} ms)")
+        out.append(f"              copy time {busy * 1e3:.2f} ms over the run (H2D "
+                   f"{fold.ran['h2d'][2] * 1e3:.2f} ms, D2H {fold.ran['d2h'][2] * 1e3:.2f} ms; "
+                   "per iteration, the first apart: --table)")
     out.append(f"dropped       {format_bytes(sum(fold.dropped.values()))} given back without "
                "a copy")
     seconds, waits, longest, where = fold.stall

@@ -18,6 +18,7 @@ were kept (file version 1) has none: the text says so.
 """
 from dataclasses import dataclass
 
+from ..sizes import format_bytes
 from .fold import PHASES, add_times, new_times
 
 UNKNOWN = "(unknown)"          # the type of a layer no plan in the trace names
@@ -69,6 +70,10 @@ class PhaseTime:
     backward: float
     update: float
     stall: float
+    # per iteration, ``(direction, bytes, seconds)`` of each direction that copied: the copies
+    # that ended in these iterations (beside the steps where copies run on threads of their own,
+    # in the time outside them where they run where issued); empty in a file without them
+    copies: tuple = ()
 
     @property
     def steps(self) -> float:
@@ -142,7 +147,9 @@ def phase_times(fold, kind: str | None = None, which: str = "steady") -> PhaseTi
     n = times["iterations"]
     phases = [sum(p.get(phase, (0.0, 0))[0] for p in times["steps"].values()) / n
               for phase in PHASES]
-    return PhaseTime(kind, n, warmup, times["wall"] / n, *phases, times["stall"] / n)
+    copies = tuple((direction, nbytes / n, seconds / n) for direction, (nbytes, seconds)
+                   in times.get("copies", {}).items() if nbytes)
+    return PhaseTime(kind, n, warmup, times["wall"] / n, *phases, times["stall"] / n, copies)
 
 
 class TimeTables:
@@ -198,6 +205,24 @@ def _columns(rows: list, left: int) -> list[str]:
             for row in rows]
 
 
+def copies_text(fold, phase: PhaseTime) -> list[str]:
+    """The copies per iteration, each direction's bytes, time and rate, and the first
+    iteration's apart where it is left out of the tables: a copy into a host page never touched
+    before waits for the page to be mapped, so the first iteration's copies home can run many
+    times slower than the later ones, and a rate over the whole run mixes the two."""
+    def rates(counted: PhaseTime) -> str:
+        return ", ".join(f"{direction.upper()} {format_bytes(round(nbytes))} in {_ms(seconds)} ms"
+                         + (f" ({nbytes / seconds / 1e9:.3g} GB/s)" if seconds > 0 else "")
+                         for direction, nbytes, seconds in counted.copies)
+    if not phase.copies:
+        return []
+    out = [f"  copies per iteration: {rates(phase)}"]
+    first = None if phase.warmup else phase_times(fold, phase.kind, "first")
+    if first is not None and first.copies:
+        out.append(f"  copies in the first (left out): {rates(first)}")
+    return out
+
+
 def time_text(fold, types: dict, top: int | None = 20) -> str:
     """The three time tables in words (``--table``): per phase, per layer (the ``top`` longest;
     None or 0: all), per layer type."""
@@ -226,7 +251,7 @@ def time_text(fold, types: dict, top: int | None = 20) -> str:
               _percent(phase.stall, phase.wall)),
              ("outside the steps", _ms(phase.outside), _percent(phase.outside, phase.wall)),
              ("iteration (wall)", _ms(phase.wall), _percent(phase.wall, phase.wall))]
-    out = [head, *_columns(rows, 1), ""]
+    out = [head, *_columns(rows, 1), *copies_text(fold, phase), ""]
     kept = layers[:top] if top and top > 0 else layers
     out.append(f"time per layer, ms per iteration, longest first ({len(kept)} of {len(layers)} "
                "layers)")
