@@ -219,6 +219,19 @@ def serve(kind, case) -> None:
 
 # -- the parent: cases, processes, the table ------------------------------------------------------
 
+def openblas_kernels() -> str:
+    """The kernels numpy's OpenBLAS runs (threadpoolctl's ``architecture``), and the core type
+    the environment forces where it does: a machine may set an older one than its CPU runs, at
+    half the SGEMM rate (``OPENBLAS_CORETYPE=Haswell`` on a Zen 5: docs/benchmarks.md, session
+    65), and a figure taken so says it."""
+    from threadpoolctl import threadpool_info
+    found = [i.get("architecture") for i in threadpool_info() if i.get("internal_api") ==
+             "openblas"]
+    forced = os.environ.get("OPENBLAS_CORETYPE")
+    return f"OpenBLAS kernels {found[0] if found else 'not loaded'}" + (
+        f", OPENBLAS_CORETYPE={forced} set" if forced else "")
+
+
 def sgemm_rate(n=2048, repeats=5) -> float:
     """numpy's float32 GEMM on ``n x n`` matrices, best of ``repeats``, FLOP/s."""
     import minilms  # noqa: F401, I001  (first, as above)
@@ -410,7 +423,7 @@ def main(argv=None) -> int:
              "rotation, alive at once" if args.interleave else
              f"best of {args.runs} runs of {args.iters} iterations"
              + (f" in each of {args.rounds} rounds, taken in turn" if args.rounds > 1 else ""))
-          + f"; minilms' BLAS: {blas_library()}; PyTorch: "
+          + f"; minilms' BLAS: {blas_library()} ({openblas_kernels()}); PyTorch: "
           + (python if python else f"not run ({why_not})"))
     header = (f"{'case':22} {'row':12} {'s/iter':>7} {'img/s':>7} {'vs torch':>8} {'GFLOP/s':>8} "
               f"{'SGEMM':>6} {'peak RSS':>10} {'plan host':>10} {'RSS/plan':>8}")

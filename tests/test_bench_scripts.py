@@ -108,11 +108,13 @@ def test_bench_host_memory_smoke(capsys):
 
 def test_bench_fullsize_smoke(capsys):
     """Each contender in a process of its own, at tiny size: the table's rows, the SGEMM rate of
-    this run, and a verdict line per minilms row (numbers never asserted)."""
+    this run, the OpenBLAS kernels it ran (and the core type the environment forced, where it
+    did), and a verdict line per minilms row (numbers never asserted)."""
     assert run_script("bench_fullsize.py", "--smoke", "--no-torch", "--rounds", "2") == 0
     out = capsys.readouterr().out
     assert re.search(r"numpy SGEMM \d+ GFLOP/s \(this run\)", out)
-    assert re.search(r"in each of 2 rounds, taken in turn; minilms' BLAS: (mkl|openblas);", out)
+    assert re.search(r"in each of 2 rounds, taken in turn; minilms' BLAS: (mkl|openblas) "
+                     r"\(OpenBLAS kernels \w[\w ]*(, OPENBLAS_CORETYPE=\w+ set)?\);", out), out
     for row in ("LMS off", "LMS on"):
         assert re.search(rf"^resnet50 32 b2 +{row} +[\d.]+ +[\d.]+ +- +\d+ +\d+% +[\d.]+ \w?i?B "
                          rf"+[\d.]+ \w?i?B +[\d.]+\*?$", out, re.M), out
