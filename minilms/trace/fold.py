@@ -190,10 +190,10 @@ class Fold:
                 entry[0] += event.nbytes
                 entry[1] += 1
                 entry[2] += d["end"] - d["start"]
-                if self.times_pending is not None:
-                    entry = self.times_pending["copies"][d["direction"]]
-                    entry[0] += event.nbytes
-                    entry[1] += d["end"] - d["start"]
+                if self.times_pending is not None:     # the iteration's own, as its steps
+                    mine = self.times_pending["copies"][d["direction"]]
+                    mine[0] += event.nbytes
+                    mine[1] += d["end"] - d["start"]
             elif kind == "kernel":
                 self._kernel(event)
             elif kind == "stall":
