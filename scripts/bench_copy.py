@@ -3,7 +3,7 @@ bytes.
 
     python scripts/bench_copy.py [--sizes 1MiB 16MiB 64MiB 256MiB] [--repeat 7]
     python scripts/bench_copy.py --iteration resnet50:224:8 [--pairs 16] [--pool-fraction 8]
-                                 [--switch help|streaming|threads]
+                                 [--switch help|streaming|threads|prefetch|parallel]
 
 Each copy is timed as the best of ``--repeat`` runs, interleaved with the baseline: ``numpy.copyto``
 between exactly the same two buffers (the host copy and the arena view), in the same process.
@@ -18,7 +18,10 @@ compute stream waits for (``event.wait(compute_stream)``, as a step waits for it
 and off, ``--pairs`` of each (in one process: this drift-prone VM's only fair comparison), with
 the stall each time; ``--switch streaming`` alternates the copies' streaming stores
 (``device/streaming.py``) with ``memcpy`` instead, ``--switch threads`` the copy streams' threads
-with copies run where they are issued (``cpu_streams.COPY_THREADS``). The device's copies stream at
+with copies run where they are issued (``cpu_streams.COPY_THREADS``), ``--switch prefetch`` the
+streaming copies' prefetch of the source into the outer caches with a non-temporal one
+(``streaming.PREFETCH_NEAR``), ``--switch parallel`` a copy run where it is issued shared out to
+Numba's threads with one thread a copy (``streaming.PARALLEL``). The device's copies stream at
 ``streaming.STREAM_MIN`` bytes and more; the baseline's ``numpy.copyto`` does not. On a machine
 with a GPU, ``--device cuda`` measures pinned transfers instead (no baseline ratio: the link is the
 limit there).
@@ -84,6 +87,9 @@ def measure(device, nbytes: int, repeat: int) -> dict:
 SWITCHES = {  # --switch: (what is on, what is off, the module and its flag)
     "help": ("a waiting thread helps", "a wait only waits", cpu_streams, "HELP_WHILE_WAITING"),
     "streaming": ("streaming stores", "memcpy", streaming, "ENABLED"),
+    "parallel": ("copies on every thread", "copies on one thread", streaming, "PARALLEL"),
+    "prefetch": ("the source prefetched near", "prefetched non-temporally", streaming,
+                 "PREFETCH_NEAR"),
     "threads": ("copies on the copy threads", "copies where issued", cpu_streams,
                 "COPY_THREADS"),
 }

@@ -43,7 +43,7 @@ def _region(gemm, a, b, c, rows0, dst, src, copy):
     copies ``src`` to ``dst`` where ``copy``."""
     for thread in prange(2):
         if thread == 1 and copy:
-            streaming._stream_bytes(dst, src)
+            streaming._stream_bytes(dst, src, streaming.PREFETCH_NEAR)
         lo = 0 if thread == 0 else rows0
         hi = rows0 if thread == 0 else a.shape[0]
         if hi > lo:

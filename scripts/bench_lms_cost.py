@@ -66,9 +66,9 @@ def timed_iterations(off, on, inputs, pairs):
     now = collections.Counter()
     real_copy = streaming.copy
 
-    def copy(dst, src):
+    def copy(dst, src, parallel=False):
         began = time.perf_counter()
-        real_copy(dst, src)
+        real_copy(dst, src, parallel)
         now["copies"] += time.perf_counter() - began
         now["bytes"] += dst.nbytes
 

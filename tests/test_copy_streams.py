@@ -157,17 +157,20 @@ def test_copies_in_pieces_that_a_waiting_thread_shares_give_the_weights_of_lms_o
 
 def test_copies_run_where_issued_give_the_weights_of_lms_off(monkeypatch):
     """``cpu_streams.COPY_THREADS`` off: every copy runs in the thread that issues it (none on a
-    copy stream's thread, none in pieces), and training gives LMS off's weights, bit for bit."""
+    copy stream's thread, none in pieces), each free to share itself out to the kernels' threads
+    (``parallel``), and training gives LMS off's weights, bit for bit."""
     from minilms.device import cpu_streams, streaming
     monkeypatch.setattr(cpu_streams, "COPY_THREADS", False)
-    threads, real_copy = set(), streaming.copy
+    monkeypatch.setattr(streaming, "PARALLEL_MIN", 1 << 10)     # this small net's copies too
+    threads, shared, real_copy = set(), set(), streaming.copy
 
-    def copy(dst, src):
+    def copy(dst, src, parallel=False):
         threads.add(threading.current_thread().name)
-        real_copy(dst, src)
+        shared.add(parallel)
+        real_copy(dst, src, parallel)
     monkeypatch.setattr(streaming, "copy", copy)
     monkeypatch.setattr(cpu_streams, "SplitCopy", None)     # a copy in pieces would fail here
     batches, expected, capacity = lms_off_and_least_pool()
     _, got = run_lms(DAG, batches, solver, capacity)
-    assert threads == {threading.current_thread().name}
+    assert threads == {threading.current_thread().name} and shared == {True}
     assert_identical(got, expected)

@@ -11,24 +11,26 @@ from minilms.device import cpu_streams, make_device, streaming
 GUARD = 200     # bytes either side of the destination that must stay untouched
 
 
-def copied(nbytes, dst_offset, src_offset, seed=0):
+def copied(nbytes, dst_offset, src_offset, seed=0, near=False):
     """A copy of ``nbytes`` random bytes between arrays at the given byte offsets from a
-    64-byte boundary; returns the destination's buffer (guards included) and the source."""
+    64-byte boundary (the source prefetched ``near`` or not); returns the destination's buffer
+    (guards included) and the source."""
     rng = np.random.default_rng(seed)
     source = rng.integers(0, 256, nbytes + 2 * GUARD, dtype=np.uint8)
     target = np.zeros(nbytes + 2 * GUARD + 64, np.uint8)
     start = GUARD + (dst_offset - target.ctypes.data - GUARD) % 64
     src = source[src_offset:src_offset + nbytes]
-    streaming._stream_bytes(target[start:start + nbytes], src)
+    streaming._stream_bytes(target[start:start + nbytes], src, near)
     return target, start, src
 
 
 @settings(max_examples=60, deadline=None)
-@given(nbytes=st.integers(0, 5000), dst_offset=st.integers(0, 63), src_offset=st.integers(0, 63))
-def test_every_byte_lands_and_nothing_else_is_written(nbytes, dst_offset, src_offset):
+@given(nbytes=st.integers(0, 5000), dst_offset=st.integers(0, 63), src_offset=st.integers(0, 63),
+       near=st.booleans())
+def test_every_byte_lands_and_nothing_else_is_written(nbytes, dst_offset, src_offset, near):
     """The streaming loop itself, on any size (the head before the first line, whole lines, the
-    tail) and any alignment of either array."""
-    target, start, src = copied(nbytes, dst_offset, src_offset, seed=nbytes)
+    tail), any alignment of either array, and either kind of prefetch of the source."""
+    target, start, src = copied(nbytes, dst_offset, src_offset, seed=nbytes, near=near)
     assert (target[start:start + nbytes] == src).all()
     assert not target[:start].any() and not target[start + nbytes:].any()
 
@@ -43,6 +45,17 @@ def test_large_copies_of_any_dtype_are_the_source(nbytes):
         assert streaming.streams(dst, src)
         streaming.copy(dst, src)
         np.testing.assert_array_equal(dst, src)
+
+
+@pytest.mark.parametrize("vendor, intel", [("GenuineIntel", True), ("AuthenticAMD", False),
+                                           (None, False)])
+def test_the_prefetch_kind_follows_the_processors_vendor(tmp_path, vendor, intel):
+    """Intel's processors get the near prefetch (the non-temporal one halves the copies there);
+    another vendor, or a host without ``/proc/cpuinfo``, the non-temporal one."""
+    cpuinfo = tmp_path / "cpuinfo"
+    if vendor is not None:
+        cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 6\n")
+    assert streaming.intel_cpu(str(cpuinfo)) is intel
 
 
 def test_which_copies_stream(monkeypatch):
@@ -67,9 +80,10 @@ def test_the_devices_copies_stream_whole_and_in_pieces(monkeypatch):
     calls = []
     real = streaming._stream_bytes
 
-    def counted(dst, src):
+    def counted(dst, src, near):
+        assert near == streaming.PREFETCH_NEAR
         calls.append(dst.size)
-        real(dst, src)
+        real(dst, src, near)
     monkeypatch.setattr(streaming, "_stream_bytes", counted)
     monkeypatch.setattr(cpu_streams, "SPLIT", streaming.STREAM_MIN)
     nbytes = 4 * streaming.STREAM_MIN
@@ -87,3 +101,44 @@ def test_the_devices_copies_stream_whole_and_in_pieces(monkeypatch):
         device.synchronize()
         assert calls[4:] == [nbytes]
         np.testing.assert_array_equal(back, host)
+
+
+@settings(max_examples=25, deadline=None)
+@given(nbytes=st.integers(0, 20000), dst_offset=st.integers(0, 63), src_offset=st.integers(0, 63))
+def test_a_copy_shared_out_to_the_threads_lands_every_byte_and_nothing_else(nbytes, dst_offset,
+                                                                            src_offset):
+    """``_stream_parallel``: a part a thread (the last one short, some empty on a small copy),
+    each part's own head and tail, any alignment; the guards either side stay untouched."""
+    rng = np.random.default_rng(nbytes)
+    source = rng.integers(0, 256, nbytes + 64, dtype=np.uint8)[src_offset:src_offset + nbytes]
+    target = np.zeros(nbytes + 2 * GUARD + 64, np.uint8)
+    start = GUARD + (dst_offset - target.ctypes.data - GUARD) % 64
+    streaming._stream_parallel(target[start:start + nbytes], source, streaming.PREFETCH_NEAR)
+    assert (target[start:start + nbytes] == source).all()
+    assert not target[:start].any() and not target[start + nbytes:].any()
+
+
+def test_only_a_large_copy_told_it_may_share_goes_to_the_threads(monkeypatch):
+    """``copy(..., parallel=True)`` of ``PARALLEL_MIN`` bytes and more goes to
+    ``_stream_parallel`` (while ``PARALLEL``); a smaller one, or one not told, streams on the
+    calling thread; the bytes arrive either way."""
+    calls = []
+    for name in ("_stream_parallel", "_stream_bytes"):
+        real = getattr(streaming, name)
+        monkeypatch.setattr(streaming, name,
+                            lambda dst, src, near, real=real, name=name:
+                            (calls.append((name, dst.size)), real(dst, src, near)))
+    big = np.arange(streaming.PARALLEL_MIN // 4, dtype=np.float32)
+    small = big[: streaming.STREAM_MIN // 4].copy()
+    for src, parallel, expected in ((big, True, "_stream_parallel"),
+                                    (big, False, "_stream_bytes"),
+                                    (small, True, "_stream_bytes")):
+        calls.clear()
+        dst = np.zeros_like(src)
+        streaming.copy(dst, src, parallel=parallel)
+        assert calls == [(expected, src.nbytes)]
+        np.testing.assert_array_equal(dst, src)
+    monkeypatch.setattr(streaming, "PARALLEL", False)
+    calls.clear()
+    streaming.copy(np.zeros_like(big), big, parallel=True)
+    assert calls == [("_stream_bytes", big.nbytes)]

@@ -87,9 +87,12 @@ class CpuDevice(Device):
                 events.emit("copy", label, dst.nbytes, direction=direction, start=started,
                             end=events.clock(), stream=self.stream_name(stream))
 
+        # where it is issued, a copy runs on the kernels' thread and may use all their threads
+        here = stream is None or not stream.copies_on_thread()
+
         def copy():
             started = events.clock()
-            streaming.copy(dst, src)
+            streaming.copy(dst, src, parallel=here)
             after(started)
         if stream is None:
             copy()

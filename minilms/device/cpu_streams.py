@@ -20,7 +20,9 @@ Where the copy threads run (``copy_threads``): only where a core is free for the
 kernels' threads (``os.cpu_count()`` above ``numba.get_num_threads()``), or where the device has a
 ``Link``, whose hold is a wait that must overlap the kernels. Elsewhere each copy stream's work runs
 at once in the thread that submits it, as the compute stream's: a valid order of the same work
-(CUDA's ``CUDA_LAUNCH_BLOCKING``), where no copy overlaps a kernel and none takes a core from one.
+(CUDA's ``CUDA_LAUNCH_BLOCKING``), where no copy overlaps a kernel and none takes a core from one,
+and a large copy is shared out to the kernels' threads (``streaming.copy``'s ``parallel``), which
+would otherwise wait for it.
 With every core computing, a copy thread is one thread more than there are cores, and the
 kernels' threads, which work in step, wait for the one it displaced (measured on two cores:
 docs/benchmarks.md, "Why the code chose", session 44). ``COPY_THREADS`` True or False overrides

@@ -17,30 +17,66 @@ gain was not seen (the same section).
 smaller through ``numpy.copyto``, which leaves it in cache. The stores are weakly ordered, so
 the copy ends with a store fence: the thread that signals the copy's completion (a stream's
 event) does so after every byte is visible to the thread that waits for it. The source is read
-ahead with a non-temporal prefetch (``PREFETCH_AHEAD`` bytes in front of the line being copied,
-``prefetchnta`` on x86-64): a swap-in's source is a home that has sat in memory since its
-swap-out, and one thread's loads, paced by the stores, read it more slowly than a prefetch ahead
-of them does (copies from cold memory: ``docs/benchmarks.md``, session 56); a prefetch past the
-source's end is harmless (a prefetch never faults). ``ENABLED``
-(module-wide) switches back to ``numpy.copyto`` for every size, for the benchmark's A/B. The
-bytes are the source's either way.
+ahead with a prefetch (``PREFETCH_AHEAD`` bytes in front of the line being copied): a swap-in's
+source is a home that has sat in memory since its swap-out, and one thread's loads, paced by the
+stores, read it more slowly than a prefetch ahead of them does (copies from cold memory:
+``docs/benchmarks.md``, session 56); a prefetch past the source's end is harmless (a prefetch
+never faults). Which prefetch is the processor's call. On AMD's Zen a non-temporal one
+(``prefetchnta``) keeps the source out of the kernels' way and gained 5-12% over none (session
+56; the other kind was not measured there). On an Intel Xeon it halved the copy, 6 GB/s against
+13 with ``prefetcht2`` (session 66: the line lands in the L1 alone, and the L2's own prefetcher
+seems to stop running ahead), so on Intel's processors the prefetch is to the outer caches
+(``PREFETCH_NEAR``, from ``/proc/cpuinfo``'s vendor).
+
+``copy(dst, src, parallel=True)`` shares a copy of ``PARALLEL_MIN`` bytes and more out to Numba's
+threads, a contiguous part each: for a copy run where it is issued, on the thread that runs the
+kernels, while the kernels' other threads would wait for it. One thread's copy is bound by how
+many lines one core keeps in flight, not by the memory: two threads copied 1.8-1.9x one's bytes
+a second on session 66's Xeon (13 -> 24 GB/s), and the copies of an LMS on iteration, which run
+between its steps there, took half the time. A copy on a copy stream's own thread stays on that
+thread (``cpu_streams``: there a waiting thread shares its pieces instead).
+
+``ENABLED`` (module-wide) switches back to ``numpy.copyto`` for every size, ``PARALLEL`` to one
+thread a copy and ``PREFETCH_NEAR`` between the prefetches, for the benchmarks' A/Bs. The bytes
+are the source's either way.
 """
 import platform
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import get_num_threads, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["ENABLED", "LINE", "PREFETCH_AHEAD", "STREAM_MIN", "copy", "streams"]
+__all__ = ["ENABLED", "LINE", "PARALLEL", "PARALLEL_MIN", "PREFETCH_AHEAD", "PREFETCH_NEAR",
+           "STREAM_MIN", "copy", "streams", "intel_cpu"]
 
 ENABLED = True
+PARALLEL = True            # False: a copy on one thread, even where ``copy`` is told it may share
+PARALLEL_MIN = 1 << 20     # bytes: a smaller copy is not worth waking the other threads for
 STREAM_MIN = 256 << 10     # bytes: a smaller copy's data may well be read from the cache again
 LINE = 64                  # bytes a streaming store writes: one cache line, one AVX-512 vector
 PREFETCH_AHEAD = 2048      # bytes: how far ahead of the copy the source is prefetched (measured:
 #                            1-4 KiB alike, 8 KiB slower on 2 MiB copies)
 _X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def intel_cpu(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this host's processor is Intel's (its ``vendor_id``); False where that file is
+    not there to say (another system) or names another vendor."""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as lines:
+            for line in lines:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip() == "GenuineIntel"
+    except OSError:
+        pass
+    return False
+
+
+# Prefetch the source into the outer caches (``prefetcht2``) rather than non-temporally
+# (``prefetchnta``) on Intel's processors: nta measured 2x slower there (the docstring)
+PREFETCH_NEAR = _X86 and intel_cpu()
 
 
 def streams(dst: np.ndarray, src: np.ndarray) -> bool:
@@ -49,10 +85,15 @@ def streams(dst: np.ndarray, src: np.ndarray) -> bool:
         src.flags.c_contiguous
 
 
-def copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[...] = src`` for arrays of one shape and dtype (the module docstring)."""
+def copy(dst: np.ndarray, src: np.ndarray, parallel: bool = False) -> None:
+    """``dst[...] = src`` for arrays of one shape and dtype (the module docstring); ``parallel``:
+    the caller is the thread that runs the kernels, and a large copy may use all their threads."""
     if streams(dst, src):
-        _stream_bytes(dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8))
+        dst_bytes, src_bytes = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
+        if parallel and PARALLEL and dst.nbytes >= PARALLEL_MIN:
+            _stream_parallel(dst_bytes, src_bytes, PREFETCH_NEAR)
+        else:
+            _stream_bytes(dst_bytes, src_bytes, PREFETCH_NEAR)
     else:
         np.copyto(dst, src, casting="no")
 
@@ -73,19 +114,27 @@ def _store_line(typingctx, dst_address, src_address):
     return signature, codegen
 
 
-@intrinsic
-def _prefetch(typingctx, address):
-    """A hint to load the line at ``address`` for reading, non-temporal (LLVM's ``llvm.prefetch``,
-    locality 0: ``prefetchnta`` on x86-64), so that it does not displace the kernels' data."""
-    def codegen(context, builder, signature, args):
-        byte_pointer = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        prefetch = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32]),
-            "llvm.prefetch.p0i8")
-        read, no_locality, data = ir.Constant(i32, 0), ir.Constant(i32, 0), ir.Constant(i32, 1)
-        builder.call(prefetch, [builder.inttoptr(args[0], byte_pointer), read, no_locality, data])
-    return types.void(types.intp), codegen
+def _prefetch_intrinsic(locality: int, doc: str):
+    """A hint to load the line at an address for reading (LLVM's ``llvm.prefetch`` with
+    ``locality``: 0 non-temporal, 1 the outer caches)."""
+    @intrinsic
+    def prefetch(typingctx, address):
+        def codegen(context, builder, signature, args):
+            byte_pointer = ir.IntType(8).as_pointer()
+            i32 = ir.IntType(32)
+            function = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32]),
+                "llvm.prefetch.p0i8")
+            read, data = ir.Constant(i32, 0), ir.Constant(i32, 1)
+            builder.call(function, [builder.inttoptr(args[0], byte_pointer), read,
+                                    ir.Constant(i32, locality), data])
+        return types.void(types.intp), codegen
+    prefetch.__doc__ = doc
+    return prefetch
+
+
+_prefetch_far = _prefetch_intrinsic(0, "``prefetchnta`` on x86-64: kept out of the kernels' way")
+_prefetch_near = _prefetch_intrinsic(1, "``prefetcht2`` on x86-64: into the outer caches")
 
 
 @intrinsic
@@ -104,7 +153,9 @@ def _fence(typingctx):
 
 
 @njit(nogil=True, cache=True)
-def _stream_bytes(dst, src):
+def _stream_bytes(dst, src, near):
+    """``dst[:] = src`` (bytes), whole lines in streaming stores, the source prefetched ahead:
+    ``near`` (``PREFETCH_NEAR``) into the outer caches, else non-temporally."""
     n = dst.size
     dst_at, src_at = dst.ctypes.data, src.ctypes.data
     head = min(n, (LINE - dst_at % LINE) % LINE)
@@ -112,9 +163,25 @@ def _stream_bytes(dst, src):
         dst[i] = src[i]
     i = head
     while i + LINE <= n:
-        _prefetch(src_at + i + PREFETCH_AHEAD)
+        if near:        # loop-invariant: the compiler takes the branch out of the loop
+            _prefetch_near(src_at + i + PREFETCH_AHEAD)
+        else:
+            _prefetch_far(src_at + i + PREFETCH_AHEAD)
         _store_line(dst_at + i, src_at + i)
         i += LINE
     for j in range(i, n):
         dst[j] = src[j]
     _fence()
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _stream_parallel(dst, src, near):
+    """``_stream_bytes`` in a contiguous part per thread (whole lines, but for the last): each
+    thread's stores are fenced before the loop ends, and so before the caller goes on."""
+    n = dst.size
+    parts = get_num_threads()
+    part = -(-n // (parts * LINE)) * LINE
+    for p in prange(parts):
+        start = min(n, p * part)
+        stop = min(n, start + part)
+        _stream_bytes(dst[start:stop], src[start:stop], near)
