@@ -104,16 +104,18 @@ def test_the_devices_copies_stream_whole_and_in_pieces(monkeypatch):
 
 
 @settings(max_examples=25, deadline=None)
-@given(nbytes=st.integers(0, 20000), dst_offset=st.integers(0, 63), src_offset=st.integers(0, 63))
+@given(nbytes=st.integers(0, 20000), dst_offset=st.integers(0, 63), src_offset=st.integers(0, 63),
+       parts=st.integers(1, 5))
 def test_a_copy_shared_out_to_the_threads_lands_every_byte_and_nothing_else(nbytes, dst_offset,
-                                                                            src_offset):
+                                                                            src_offset, parts):
     """``_stream_parallel``: a part a thread (the last one short, some empty on a small copy),
     each part's own head and tail, any alignment; the guards either side stay untouched."""
     rng = np.random.default_rng(nbytes)
     source = rng.integers(0, 256, nbytes + 64, dtype=np.uint8)[src_offset:src_offset + nbytes]
     target = np.zeros(nbytes + 2 * GUARD + 64, np.uint8)
     start = GUARD + (dst_offset - target.ctypes.data - GUARD) % 64
-    streaming._stream_parallel(target[start:start + nbytes], source, streaming.PREFETCH_NEAR)
+    streaming._stream_parallel(target[start:start + nbytes], source, streaming.PREFETCH_NEAR,
+                               parts)
     assert (target[start:start + nbytes] == source).all()
     assert not target[:start].any() and not target[start + nbytes:].any()
 
@@ -126,10 +128,11 @@ def test_only_a_large_copy_told_it_may_share_goes_to_the_threads(monkeypatch):
     for name in ("_stream_parallel", "_stream_bytes"):
         real = getattr(streaming, name)
         monkeypatch.setattr(streaming, name,
-                            lambda dst, src, near, real=real, name=name:
-                            (calls.append((name, dst.size)), real(dst, src, near)))
+                            lambda dst, src, near, *parts, real=real, name=name:
+                            (calls.append((name, dst.size)), real(dst, src, near, *parts)))
+    monkeypatch.setattr(streaming, "PARALLEL_MIN", 2 * streaming.STREAM_MIN)
     big = np.arange(streaming.PARALLEL_MIN // 4, dtype=np.float32)
-    small = big[: streaming.STREAM_MIN // 4].copy()
+    small = big[: streaming.STREAM_MIN // 4].copy()      # streams, but below PARALLEL_MIN
     for src, parallel, expected in ((big, True, "_stream_parallel"),
                                     (big, False, "_stream_bytes"),
                                     (small, True, "_stream_bytes")):
