@@ -21,20 +21,19 @@ ahead with a prefetch (``PREFETCH_AHEAD`` bytes in front of the line being copie
 source is a home that has sat in memory since its swap-out, and one thread's loads, paced by the
 stores, read it more slowly than a prefetch ahead of them does (copies from cold memory:
 ``docs/benchmarks.md``, session 56); a prefetch past the source's end is harmless (a prefetch
-never faults). Which prefetch is the processor's call. On AMD's Zen a non-temporal one
-(``prefetchnta``) keeps the source out of the kernels' way and gained 5-12% over none (session
-56; the other kind was not measured there). On an Intel Xeon it halved the copy, 6 GB/s against
-13 with ``prefetcht2`` (session 66: the line lands in the L1 alone, and the L2's own prefetcher
-seems to stop running ahead), so on Intel's processors the prefetch is to the outer caches
-(``PREFETCH_NEAR``, from ``/proc/cpuinfo``'s vendor).
+never faults). Which prefetch is the processor's call: on AMD's Zen a non-temporal one
+(``prefetchnta``), which keeps the source out of the kernels' way and was faster than none; on
+an Intel Xeon that one halved the copy (the line lands in the L1 alone), and a prefetch to the
+outer caches (``prefetcht2``) doubled it, so on Intel's processors the prefetch is that one
+(``PREFETCH_NEAR``, from ``/proc/cpuinfo``'s vendor; docs/benchmarks.md, sessions 56 and 66).
 
 ``copy(dst, src, parallel=True)`` shares a copy of ``PARALLEL_MIN`` bytes and more out to Numba's
 threads, a contiguous part each: for a copy run where it is issued, on the thread that runs the
-kernels, while the kernels' other threads would wait for it. One thread's copy is bound by how
-many lines one core keeps in flight, not by the memory: two threads copied 1.8-1.9x one's bytes
-a second on session 66's Xeon (13 -> 24 GB/s), and the copies of an LMS on iteration, which run
-between its steps there, took half the time. A copy on a copy stream's own thread stays on that
-thread (``cpu_streams``: there a waiting thread shares its pieces instead).
+kernels, while the kernels' other threads would wait for it. One thread's copy is bound by the
+lines one core keeps in flight, not by the memory: two threads copy nearly twice one's bytes a
+second, and an LMS on iteration's copies, which run between its steps, take about half the time
+(docs/benchmarks.md, session 66). A copy on a copy stream's own thread stays on that thread
+(``cpu_streams``: there a waiting thread shares its pieces instead).
 
 ``ENABLED`` (module-wide) switches back to ``numpy.copyto`` for every size, ``PARALLEL`` to one
 thread a copy and ``PREFETCH_NEAR`` between the prefetches, for the benchmarks' A/Bs. The bytes
@@ -53,8 +52,8 @@ __all__ = ["ENABLED", "LINE", "PARALLEL", "PARALLEL_MIN", "PREFETCH_AHEAD", "PRE
 
 ENABLED = True
 PARALLEL = True            # False: a copy on one thread, even where ``copy`` is told it may share
-PARALLEL_MIN = 256 << 10   # bytes: from here two threads beat one (1.5x at 256 KiB, 1.75x at 1 MiB
-#                            on session 66's Xeon, the kernels' threads spinning between kernels)
+PARALLEL_MIN = 256 << 10   # bytes: from here two threads beat one (measured: docs/benchmarks.md,
+#                            "Why the code chose"), the kernels' threads spinning between kernels
 STREAM_MIN = 256 << 10     # bytes: a smaller copy's data may well be read from the cache again
 LINE = 64                  # bytes a streaming store writes: one cache line, one AVX-512 vector
 PREFETCH_AHEAD = 2048      # bytes: how far ahead of the copy the source is prefetched (measured:
@@ -76,7 +75,7 @@ def intel_cpu(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 
 # Prefetch the source into the outer caches (``prefetcht2``) rather than non-temporally
-# (``prefetchnta``) on Intel's processors: nta measured 2x slower there (the docstring)
+# (``prefetchnta``) on Intel's processors: nta measured half the copy's speed there (the docstring)
 PREFETCH_NEAR = _X86 and intel_cpu()
 
 
