@@ -179,7 +179,7 @@ def _stream_parallel(dst, src, near, parts):
     """``_stream_bytes`` in ``parts`` contiguous parts (whole lines, but for the last), one a
     thread: each thread's stores are fenced before the loop ends, and so before the caller goes
     on. ``parts`` comes from the caller: ``numba.get_num_threads`` inside would keep the function
-    out of Numba's cache (a ctypes pointer), and compiling it costs every process a second."""
+    out of Numba's cache (a ctypes pointer), to be compiled again in every process."""
     n = dst.size
     part = -(-n // (parts * LINE)) * LINE
     for p in prange(parts):
