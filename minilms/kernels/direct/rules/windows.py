@@ -1,7 +1,8 @@
 """Where the row windows pay and the workspace they take (``direct.windows`` runs them)."""
 from ...shapes import conv_out_size
 
-__all__ = ["applies", "pays", "WINDOWS_PLANE", "WINDOWS_CHANNELS", "sizes", "MAX_SLOTS",
+__all__ = ["applies", "pays", "WINDOWS_PLANE", "WINDOWS_CHANNELS",
+           "WINDOWS_CHANNELS_WIDE", "sizes", "MAX_SLOTS",
            "workspace_elements", "slot_count"]
 
 
@@ -16,17 +17,24 @@ def applies(weight_shape, geometry) -> bool:
 # WINDOWS_CHANNELS input channels: alone by 1.05-1.5x (ResNet-50's and GoogLeNet's 3x3s from
 # 56x56 to 14x14, ResNet's stride-2 3x3 into 28x28); in the net by 1.02-1.10x an iteration, the
 # 14x14 layers' share 0.97-1.06x (five A/Bs: even, within this VM's noise; the workspace is
-# smaller). On 7x7 a sample's GEMMs are too short (im2col + GEMM wins by up to 1.6x), and with
-# 16-32 channels (GoogLeNet's 5x5s) the direct kernels do.
+# smaller). On 7x7 a sample's GEMMs are too short (im2col + GEMM wins by up to 1.6x).
+# Kernels of more than 9 taps (GoogLeNet's 5x5s, 16-48 channels in) take them from
+# WINDOWS_CHANNELS_WIDE channels: in the net they ran 1.6x faster than the direct kernels and
+# their input gradients (docs/benchmarks.md, "Why the code chose", session 67), where alone, hot,
+# the direct kernels had looked even or better (session 36). A 3x3 of fewer channels keeps the
+# direct kernels it was measured with (a small ResNet's).
 WINDOWS_PLANE = 14 * 14
 WINDOWS_CHANNELS = 48
+WINDOWS_CHANNELS_WIDE = 16
 
 
 def pays(weight_shape, geometry, out_plane: int) -> bool:
     """Where the windows measured faster than the other paths (above); ``weight_shape`` ``[O,
     C, kh, kw]``, ``out_plane`` the output's ``OH * OW``."""
+    (kh, kw) = geometry[0]
+    least = WINDOWS_CHANNELS_WIDE if kh * kw > 9 else WINDOWS_CHANNELS
     return applies(weight_shape, geometry) and out_plane >= WINDOWS_PLANE and \
-        weight_shape[1] >= WINDOWS_CHANNELS
+        weight_shape[1] >= least
 
 
 def sizes(x_shape, weight_shape, geometry):
