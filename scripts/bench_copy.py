@@ -3,7 +3,7 @@ bytes.
 
     python scripts/bench_copy.py [--sizes 1MiB 16MiB 64MiB 256MiB] [--repeat 7]
     python scripts/bench_copy.py --iteration resnet50:224:8 [--pairs 16] [--pool-fraction 8]
-                                 [--switch help|streaming|threads|prefetch|parallel]
+                                 [--switch help|streaming|threads|prefetch|parallel|cached]
 
 Each copy is timed as the best of ``--repeat`` runs, interleaved with the baseline: ``numpy.copyto``
 between exactly the same two buffers (the host copy and the arena view), in the same process.
@@ -21,7 +21,9 @@ the stall each time; ``--switch streaming`` alternates the copies' streaming sto
 with copies run where they are issued (``cpu_streams.COPY_THREADS``), ``--switch prefetch`` the
 streaming copies' prefetch of the source into the outer caches with a non-temporal one
 (``streaming.PREFETCH_NEAR``), ``--switch parallel`` a copy run where it is issued shared out to
-Numba's threads with one thread a copy (``streaming.PARALLEL``). The device's copies stream at
+Numba's threads with one thread a copy (``streaming.PARALLEL``), ``--switch cached`` swap-ins
+in plain stores, which leave them in cache, with swap-ins streamed (``cpu.CACHED_SWAP_INS``). The
+device's copies stream at
 ``streaming.STREAM_MIN`` bytes and more; the baseline's ``numpy.copyto`` does not. On a machine
 with a GPU, ``--device cuda`` measures pinned transfers instead (no baseline ratio: the link is the
 limit there).
@@ -34,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from minilms.device import cpu_streams, make_device, streaming
+from minilms.device import cpu, cpu_streams, make_device, streaming
 from minilms.errors import MinilmsError
 from minilms.sizes import format_bytes, parse_size
 
@@ -90,6 +92,7 @@ SWITCHES = {  # --switch: (what is on, what is off, the module and its flag)
     "parallel": ("copies on every thread", "copies on one thread", streaming, "PARALLEL"),
     "prefetch": ("the source prefetched near", "prefetched non-temporally", streaming,
                  "PREFETCH_NEAR"),
+    "cached": ("swap-ins in plain stores", "swap-ins streamed", cpu, "CACHED_SWAP_INS"),
     "threads": ("copies on the copy threads", "copies where issued", cpu_streams,
                 "COPY_THREADS"),
 }

@@ -66,9 +66,9 @@ def timed_iterations(off, on, inputs, pairs):
     now = collections.Counter()
     real_copy = streaming.copy
 
-    def copy(dst, src, parallel=False):
+    def copy(dst, src, parallel=False, cached=False):
         began = time.perf_counter()
-        real_copy(dst, src, parallel)
+        real_copy(dst, src, parallel, cached)
         now["copies"] += time.perf_counter() - began
         now["bytes"] += dst.nbytes
 

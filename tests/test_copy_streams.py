@@ -164,10 +164,10 @@ def test_copies_run_where_issued_give_the_weights_of_lms_off(monkeypatch):
     monkeypatch.setattr(streaming, "PARALLEL_MIN", 1 << 10)     # this small net's copies too
     threads, shared, real_copy = set(), set(), streaming.copy
 
-    def copy(dst, src, parallel=False):
+    def copy(dst, src, parallel=False, cached=False):
         threads.add(threading.current_thread().name)
         shared.add(parallel)
-        real_copy(dst, src, parallel)
+        real_copy(dst, src, parallel, cached)
     monkeypatch.setattr(streaming, "copy", copy)
     monkeypatch.setattr(cpu_streams, "SplitCopy", None)     # a copy in pieces would fail here
     batches, expected, capacity = lms_off_and_least_pool()

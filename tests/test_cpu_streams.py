@@ -97,12 +97,12 @@ def test_a_failed_piece_fails_its_copy_and_nothing_hangs(monkeypatch):
     real_copy = streaming.copy
     calls = []
 
-    def copy(dst, src, parallel=False):    # a piece's copy, the fifth failing
+    def copy(dst, src, parallel=False, cached=False):    # a piece's copy, the fifth failing
         assert not parallel                # a piece stays on the thread that claimed it
         calls.append(1)
         if len(calls) == 5:
             raise MemoryError("a planted failure")
-        real_copy(dst, src)
+        real_copy(dst, src, cached=cached)
     monkeypatch.setattr(streaming, "copy", copy)
     nbytes = 1 << 14
     with make_device("cpu", nbytes) as device:

@@ -6,31 +6,34 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minilms.device import cpu_streams, make_device, streaming
+from minilms.device import cpu, cpu_streams, make_device, streaming
 
 GUARD = 200     # bytes either side of the destination that must stay untouched
 
 
-def copied(nbytes, dst_offset, src_offset, seed=0, near=False):
+def copied(nbytes, dst_offset, src_offset, seed=0, near=False, around=True):
     """A copy of ``nbytes`` random bytes between arrays at the given byte offsets from a
-    64-byte boundary (the source prefetched ``near`` or not); returns the destination's buffer
-    (guards included) and the source."""
+    64-byte boundary (the source prefetched ``near`` or not, the lines stored ``around`` the
+    caches or not); returns the destination's buffer (guards included) and the source."""
     rng = np.random.default_rng(seed)
     source = rng.integers(0, 256, nbytes + 2 * GUARD, dtype=np.uint8)
     target = np.zeros(nbytes + 2 * GUARD + 64, np.uint8)
     start = GUARD + (dst_offset - target.ctypes.data - GUARD) % 64
     src = source[src_offset:src_offset + nbytes]
-    streaming._stream_bytes(target[start:start + nbytes], src, near)
+    streaming._stream_bytes(target[start:start + nbytes], src, near, around)
     return target, start, src
 
 
 @settings(max_examples=60, deadline=None)
 @given(nbytes=st.integers(0, 5000), dst_offset=st.integers(0, 63), src_offset=st.integers(0, 63),
-       near=st.booleans())
-def test_every_byte_lands_and_nothing_else_is_written(nbytes, dst_offset, src_offset, near):
+       near=st.booleans(), around=st.booleans())
+def test_every_byte_lands_and_nothing_else_is_written(nbytes, dst_offset, src_offset, near,
+                                                      around):
     """The streaming loop itself, on any size (the head before the first line, whole lines, the
-    tail), any alignment of either array, and either kind of prefetch of the source."""
-    target, start, src = copied(nbytes, dst_offset, src_offset, seed=nbytes, near=near)
+    tail), any alignment of either array, either kind of prefetch of the source, and streaming
+    or plain stores."""
+    target, start, src = copied(nbytes, dst_offset, src_offset, seed=nbytes, near=near,
+                                around=around)
     assert (target[start:start + nbytes] == src).all()
     assert not target[:start].any() and not target[start + nbytes:].any()
 
@@ -75,15 +78,18 @@ def test_which_copies_stream(monkeypatch):
 
 def test_the_devices_copies_stream_whole_and_in_pieces(monkeypatch):
     """A copy stream's whole copy and a ``SplitCopy``'s pieces both go through ``streaming``,
-    and the bytes arrive either way (on the copy streams' threads, where pieces are shared)."""
+    and the bytes arrive either way (on the copy streams' threads, where pieces are shared);
+    the swap-in's pieces in plain stores where ``CACHED_SWAP_INS``, the swap-out streamed."""
     monkeypatch.setattr(cpu_streams, "COPY_THREADS", True)
-    calls = []
+    monkeypatch.setattr(cpu, "CACHED_SWAP_INS", True)
+    calls, stores = [], []
     real = streaming._stream_bytes
 
-    def counted(dst, src, near):
+    def counted(dst, src, near, around):
         assert near == streaming.PREFETCH_NEAR
         calls.append(dst.size)
-        real(dst, src, near)
+        stores.append(around)
+        real(dst, src, near, around)
     monkeypatch.setattr(streaming, "_stream_bytes", counted)
     monkeypatch.setattr(cpu_streams, "SPLIT", streaming.STREAM_MIN)
     nbytes = 4 * streaming.STREAM_MIN
@@ -93,13 +99,13 @@ def test_the_devices_copies_stream_whole_and_in_pieces(monkeypatch):
         host = np.arange(nbytes // 4, dtype=np.float32)
         device.h2d(view, host, stream=device.h2d_stream)           # in pieces
         device.synchronize()
-        assert calls == [streaming.STREAM_MIN] * 4
+        assert calls == [streaming.STREAM_MIN] * 4 and stores == [False] * 4
         np.testing.assert_array_equal(view, host)
         back = np.empty_like(host)
         monkeypatch.setattr(cpu_streams, "HELP_WHILE_WAITING", False)   # whole
         device.d2h(back, view, stream=device.d2h_stream)
         device.synchronize()
-        assert calls[4:] == [nbytes]
+        assert calls[4:] == [nbytes] and stores[4:] == [True]
         np.testing.assert_array_equal(back, host)
 
 
@@ -125,11 +131,13 @@ def test_only_a_large_copy_told_it_may_share_goes_to_the_threads(monkeypatch):
     ``_stream_parallel`` (while ``PARALLEL``); a smaller one, or one not told, streams on the
     calling thread; the bytes arrive either way."""
     calls = []
+    warm = np.ones(streaming.PARALLEL_MIN, np.uint8)      # compiled before the names are wrapped:
+    streaming.copy(np.empty_like(warm), warm, parallel=True)  # a compile would meet the wrapper
     for name in ("_stream_parallel", "_stream_bytes"):
         real = getattr(streaming, name)
         monkeypatch.setattr(streaming, name,
-                            lambda dst, src, near, *parts, real=real, name=name:
-                            (calls.append((name, dst.size)), real(dst, src, near, *parts)))
+                            lambda dst, src, near, *rest, real=real, name=name:
+                            (calls.append((name, dst.size)), real(dst, src, near, *rest)))
     monkeypatch.setattr(streaming, "PARALLEL_MIN", 2 * streaming.STREAM_MIN)
     big = np.arange(streaming.PARALLEL_MIN // 4, dtype=np.float32)
     small = big[: streaming.STREAM_MIN // 4].copy()      # streams, but below PARALLEL_MIN
@@ -145,3 +153,38 @@ def test_only_a_large_copy_told_it_may_share_goes_to_the_threads(monkeypatch):
     calls.clear()
     streaming.copy(np.zeros_like(big), big, parallel=True)
     assert calls == [("_stream_bytes", big.nbytes)]
+
+
+def test_swap_ins_stay_in_cache_where_the_pool_fits_in_it(tmp_path, monkeypatch):
+    """``cpu.last_level_cache`` reads the last level's size from sysfs (0 without it); a device
+    whose pool fits in it copies swap-ins (h2d) in plain stores, and streams swap-outs (d2h)
+    whatever its size; ``CACHED_SWAP_INS`` overrides the rule."""
+    for index, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "64K"),
+                                                 (2, "Unified", "2048K"), (3, "Unified", "32M")]):
+        folder = tmp_path / f"index{index}"
+        folder.mkdir()
+        for name, text in (("level", level), ("type", kind), ("size", size)):
+            (folder / name).write_text(f"{text}\n")
+    assert cpu.last_level_cache(str(tmp_path)) == 32 << 20
+    assert cpu.last_level_cache(str(tmp_path / "none")) == 0
+    monkeypatch.setattr(cpu, "CACHES", str(tmp_path))
+    seen = []
+    real = streaming.copy
+    monkeypatch.setattr(streaming, "copy", lambda dst, src, parallel=False, cached=False:
+                        (seen.append(cached), real(dst, src, parallel, cached)))
+    nbytes = streaming.STREAM_MIN
+    host = np.arange(nbytes // 4, dtype=np.float32)
+    for capacity, cached in ((16 << 20, True), (64 << 20, False)):
+        with make_device("cpu", capacity) as device:
+            assert device.pool_in_cache is cached
+            view = device.view(device.pool.allocate(nbytes, "x"), host.shape, host.dtype)
+            back = np.empty_like(host)
+            seen.clear()
+            device.h2d(view, host)
+            device.d2h(back, view)
+            assert seen == [cached, False]
+            np.testing.assert_array_equal(back, host)
+            for forced in (True, False):
+                monkeypatch.setattr(cpu, "CACHED_SWAP_INS", forced)
+                assert device.swap_ins_cached() is forced
+            monkeypatch.setattr(cpu, "CACHED_SWAP_INS", None)

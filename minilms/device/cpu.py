@@ -2,7 +2,9 @@
 
 Kernels only ever touch views of the arena, and copies between host copies and the arena are real
 memory copies (large ones with streaming stores, ``streaming``: around the caches, as a GPU's copy
-engine writes), so LMS behaves here as it does on a GPU and can be tested and studied without one.
+engine writes; swap-ins in plain stores where the whole pool fits in the last-level cache,
+``CACHED_SWAP_INS``), so LMS behaves here as it does on a GPU and can be tested and studied
+without one.
 An optional ``Link`` makes each copy last at least ``bytes / bandwidth``.
 
 Streams mirror CUDA's (``cpu_streams``): work on a stream runs in order. The compute stream runs
@@ -13,6 +15,8 @@ which runs its copies where a core is free for it or the device has a ``Link``
 compute thread that waits for a copy does copy work meanwhile; with every core computing, the
 copies run where they are issued.
 """
+import os
+
 import numpy as np
 
 from .. import events
@@ -21,6 +25,35 @@ from .base import Device
 from .cpu_streams import CpuEvent, CpuStream, SplitCopy, splits, streaming
 from .link import Link
 from .pages import populate_behind, small_pages
+
+# Swap-ins in plain stores (``streaming.copy``'s ``cached``) where the pool fits in the last-level
+# cache: there the lines a swap-in writes are in cache already, and its reader, the next steps,
+# finds them there; a streaming store sends them to memory, and the reader after them
+# (docs/benchmarks.md, "Why the code chose", session 67: ResNet-50 b8 and GoogLeNet b8 LMS on
+# 1.02-1.03x an iteration in a 480 MiB L3). Swap-outs stream whatever the cache: their host copy
+# is not read until the blob's next swap-in. None: that rule; True or False: always, never (the
+# benchmark's A/B, ``scripts/bench_copy.py --switch cached``).
+CACHED_SWAP_INS = None
+CACHES = "/sys/devices/system/cpu/cpu0/cache"
+
+
+def last_level_cache(caches: str | None = None) -> int:
+    """Bytes of the first processor's last-level data (or unified) cache, from Linux's sysfs
+    (``caches``, default ``CACHES``); 0 where that is not there to say (another system)."""
+    caches = CACHES if caches is None else caches
+    def read(index: str, name: str) -> str:
+        with open(os.path.join(caches, index, name), encoding="ascii") as file:
+            return file.read().strip()
+    levels = []
+    try:
+        for index in sorted(os.listdir(caches)):
+            if index.startswith("index") and read(index, "type") in ("Data", "Unified"):
+                size = read(index, "size")      # "2048K", "480M"
+                scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1], 1)
+                levels.append((int(read(index, "level")), int(size.rstrip("KMG")) * scale))
+    except (OSError, ValueError, IndexError):
+        return 0
+    return max(levels)[1] if levels else 0
 
 
 class CpuDevice(Device):
@@ -35,6 +68,7 @@ class CpuDevice(Device):
         self._arena = np.zeros(self.capacity, np.uint8)
         small_pages(self._arena)
         self._prefaulted = 0
+        self.pool_in_cache = self.capacity <= last_level_cache()   # CACHED_SWAP_INS's rule
         self.compute_stream = CpuStream("compute", threaded=False)
         self.h2d_stream = CpuStream("h2d", threaded=True, linked=link is not None)
         self.d2h_stream = CpuStream("d2h", threaded=True, linked=link is not None)
@@ -89,17 +123,22 @@ class CpuDevice(Device):
 
         # where it is issued, a copy runs on the kernels' thread and may use all their threads
         here = stream is None or not stream.copies_on_thread()
+        cached = direction == "h2d" and self.swap_ins_cached()
 
         def copy():
             started = events.clock()
-            streaming.copy(dst, src, parallel=here)
+            streaming.copy(dst, src, parallel=here, cached=cached)
             after(started)
         if stream is None:
             copy()
         elif splits(dst, src, stream):
-            stream.submit(SplitCopy(dst, src, after))   # pieces a waiting thread can share
+            stream.submit(SplitCopy(dst, src, after, cached))   # pieces a waiting thread can share
         else:
             stream.submit(copy)
+
+    def swap_ins_cached(self) -> bool:
+        """Whether copies into the pool leave their lines in cache (``CACHED_SWAP_INS``)."""
+        return self.pool_in_cache if CACHED_SWAP_INS is None else CACHED_SWAP_INS
 
     def zero(self, dst: np.ndarray, stream: CpuStream | None = None) -> None:
         if stream is None:

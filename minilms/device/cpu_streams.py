@@ -76,12 +76,13 @@ class SplitCopy:
     """``dst[...] = src`` (C-contiguous, equal bytes) in pieces of ``SPLIT`` bytes that the stream's
     thread and a waiting thread share (``help``); as an item of a stream, complete when every
     piece is, then ``after(started)`` (the link's hold, the trace's event). A piece that fails
-    fails the copy, and the stream reports it as any failed item."""
+    fails the copy, and the stream reports it as any failed item. ``cached``: as
+    ``streaming.copy``'s."""
 
-    def __init__(self, dst: np.ndarray, src: np.ndarray, after):
+    def __init__(self, dst: np.ndarray, src: np.ndarray, after, cached: bool = False):
         self.dst = dst.reshape(-1).view(np.uint8)
         self.src = src.reshape(-1).view(np.uint8)
-        self.after = after
+        self.after, self.cached = after, cached
         self.pieces = -(-self.dst.size // SPLIT)
         self.error: BaseException | None = None
         self._next = self._done = 0
@@ -102,7 +103,7 @@ class SplitCopy:
     def _copy(self, piece: int) -> None:
         at = piece * SPLIT
         try:
-            streaming.copy(self.dst[at:at + SPLIT], self.src[at:at + SPLIT])
+            streaming.copy(self.dst[at:at + SPLIT], self.src[at:at + SPLIT], cached=self.cached)
         except BaseException as error:   # re-raised by the stream's item (__call__)
             self.error = error
         finally:

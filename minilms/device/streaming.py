@@ -10,7 +10,9 @@ lines around the caches, as a GPU's copy engine writes without touching the SMs'
 moves two bytes of memory traffic a byte instead of three, and on the ``cpu`` device a copy's
 time is the cores' time (docs/benchmarks.md, "LMS on's copies"). Where the last-level cache holds
 a swap-in until its reader comes (a 300 MiB L3), that reader goes to memory instead: there the
-gain was not seen (the same section).
+gain was not seen (the same section). So ``copy(..., cached=True)`` writes whole lines in plain
+stores, with the same loop: the device asks for it for swap-ins where its whole pool fits in the
+last-level cache (``cpu.CACHED_SWAP_INS``; 2-3% an iteration on a 480 MiB L3, session 67).
 
 ``copy(dst, src)`` takes contiguous arrays of equal bytes: at least ``STREAM_MIN`` bytes go in
 64-byte streaming stores (the destination's unaligned head and tail byte by byte), anything
@@ -85,33 +87,44 @@ def streams(dst: np.ndarray, src: np.ndarray) -> bool:
         src.flags.c_contiguous
 
 
-def copy(dst: np.ndarray, src: np.ndarray, parallel: bool = False) -> None:
+def copy(dst: np.ndarray, src: np.ndarray, parallel: bool = False, cached: bool = False) -> None:
     """``dst[...] = src`` for arrays of one shape and dtype (the module docstring); ``parallel``:
-    the caller is the thread that runs the kernels, and a large copy may use all their threads."""
+    the caller is the thread that runs the kernels, and a large copy may use all their threads;
+    ``cached``: a kernel reads ``dst`` soon and the last-level cache holds it till then (a
+    swap-in into a pool that fits there): plain stores, which leave it in cache."""
     if streams(dst, src):
         dst_bytes, src_bytes = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
         if parallel and PARALLEL and dst.nbytes >= PARALLEL_MIN:
-            _stream_parallel(dst_bytes, src_bytes, PREFETCH_NEAR, get_num_threads())
+            _stream_parallel(dst_bytes, src_bytes, PREFETCH_NEAR, get_num_threads(), not cached)
         else:
-            _stream_bytes(dst_bytes, src_bytes, PREFETCH_NEAR)
+            _stream_bytes(dst_bytes, src_bytes, PREFETCH_NEAR, not cached)
     else:
         np.copyto(dst, src, casting="no")
 
 
-@intrinsic
-def _store_line(typingctx, dst_address, src_address):
-    """The 64 bytes at ``src_address`` to the line at ``dst_address`` (64-byte aligned), with a
-    non-temporal store: LLVM's ``!nontemporal`` (``vmovntdq`` on x86-64)."""
-    signature = types.void(types.intp, types.intp)
+def _store_intrinsic(nontemporal: bool, doc: str):
+    """A store of the 64 bytes at a source address to the line at a destination address (64-byte
+    aligned): with LLVM's ``!nontemporal`` (``vmovntdq`` on x86-64) where ``nontemporal``, else a
+    plain one."""
+    @intrinsic
+    def store_line(typingctx, dst_address, src_address):
+        signature = types.void(types.intp, types.intp)
 
-    def codegen(context, builder, signature, args):
-        dst, src = args
-        line = ir.VectorType(ir.IntType(64), LINE // 8)
-        value = builder.load(builder.inttoptr(src, line.as_pointer()), align=1)
-        store = builder.store(value, builder.inttoptr(dst, line.as_pointer()), align=LINE)
-        store.set_metadata("nontemporal",
-                           builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
-    return signature, codegen
+        def codegen(context, builder, signature, args):
+            dst, src = args
+            line = ir.VectorType(ir.IntType(64), LINE // 8)
+            value = builder.load(builder.inttoptr(src, line.as_pointer()), align=1)
+            store = builder.store(value, builder.inttoptr(dst, line.as_pointer()), align=LINE)
+            if nontemporal:
+                store.set_metadata("nontemporal", builder.module.add_metadata(
+                    [ir.Constant(ir.IntType(32), 1)]))
+        return signature, codegen
+    store_line.__doc__ = doc
+    return store_line
+
+
+_store_line = _store_intrinsic(True, "a streaming store: the line goes around the caches")
+_store_line_cached = _store_intrinsic(False, "a plain store: the line stays in the cache")
 
 
 def _prefetch_intrinsic(locality: int, doc: str):
@@ -153,9 +166,10 @@ def _fence(typingctx):
 
 
 @njit(nogil=True, cache=True)
-def _stream_bytes(dst, src, near):
-    """``dst[:] = src`` (bytes), whole lines in streaming stores, the source prefetched ahead:
-    ``near`` (``PREFETCH_NEAR``) into the outer caches, else non-temporally."""
+def _stream_bytes(dst, src, near, around=True):
+    """``dst[:] = src`` (bytes), whole lines in streaming stores (``around`` the caches; else in
+    plain stores, which leave them in cache: ``copy``'s ``cached``), the source prefetched
+    ahead: ``near`` (``PREFETCH_NEAR``) into the outer caches, else non-temporally."""
     n = dst.size
     dst_at, src_at = dst.ctypes.data, src.ctypes.data
     head = min(n, (LINE - dst_at % LINE) % LINE)
@@ -163,11 +177,14 @@ def _stream_bytes(dst, src, near):
         dst[i] = src[i]
     i = head
     while i + LINE <= n:
-        if near:        # loop-invariant: the compiler takes the branch out of the loop
+        if near:        # loop-invariant: the compiler takes the branches out of the loop
             _prefetch_near(src_at + i + PREFETCH_AHEAD)
         else:
             _prefetch_far(src_at + i + PREFETCH_AHEAD)
-        _store_line(dst_at + i, src_at + i)
+        if around:
+            _store_line(dst_at + i, src_at + i)
+        else:
+            _store_line_cached(dst_at + i, src_at + i)
         i += LINE
     for j in range(i, n):
         dst[j] = src[j]
@@ -175,14 +192,15 @@ def _stream_bytes(dst, src, near):
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def _stream_parallel(dst, src, near, parts):
-    """``_stream_bytes`` in ``parts`` contiguous parts (whole lines, but for the last), one a
-    thread: each thread's stores are fenced before the loop ends, and so before the caller goes
-    on. ``parts`` comes from the caller: ``numba.get_num_threads`` inside would keep the function
-    out of Numba's cache (a ctypes pointer), to be compiled again in every process."""
+def _stream_parallel(dst, src, near, parts, around=True):
+    """``_stream_bytes`` (``around`` as there) in ``parts`` contiguous parts (whole lines, but
+    for the last), one a thread: each thread's stores are fenced before the loop ends, and so
+    before the caller goes on. ``parts`` comes from the caller: ``numba.get_num_threads`` inside
+    would keep the function out of Numba's cache (a ctypes pointer), to be compiled again in
+    every process."""
     n = dst.size
     part = -(-n // (parts * LINE)) * LINE
     for p in prange(parts):
         start = min(n, p * part)
         stop = min(n, start + part)
-        _stream_bytes(dst[start:stop], src[start:stop], near)
+        _stream_bytes(dst[start:stop], src[start:stop], near, around)
