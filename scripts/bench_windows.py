@@ -124,7 +124,7 @@ def time_layers(shapes, rounds):
         x, weight, dy = operands(rng, x_shape, w_shape, geometry)
         out_h, out_w = dy.shape[2:]
         ways = paths(x, weight, dy, geometry)
-        pays = windows.pays(w_shape, geometry, out_h * out_w)
+        pays = windows.pays(w_shape, geometry, out_h * out_w, x_shape[0])
         for index, label in ((0, "forward"), (1, "backward")):
             gemm, direct, rows = alternate([way[index] for way in ways.values()], rounds)
             print(f"{name:14} {'x'.join(map(str, x_shape)):>18} {kh}x{kw}/{sh}{'':>3} "

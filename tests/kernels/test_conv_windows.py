@@ -137,21 +137,23 @@ def test_the_workspace_does_not_depend_on_the_threads():
 def test_where_the_windows_pay():
     """Measured: output planes of 14x14 and more with 48 channels or more (ResNet-50's and
     GoogLeNet's 3x3s there, strided ones too), 16 or more for kernels over 9 taps (GoogLeNet's
-    5x5s); not a 7x7 plane, few channels, or a 1x1 kernel."""
+    5x5s) of two samples or more; not a 7x7 plane, few channels, or a 1x1 kernel."""
     same = ((3, 3), (1, 1), (1, 1), (1, 1))
-    assert windows.pays((128, 128, 3, 3), same, 28 * 28)
-    assert windows.pays((64, 64, 3, 3), same, 56 * 56)
-    assert windows.pays((256, 256, 3, 3), same, 14 * 14)
-    assert not windows.pays((512, 512, 3, 3), same, 7 * 7)
+    assert windows.pays((128, 128, 3, 3), same, 28 * 28, 8)
+    assert windows.pays((64, 64, 3, 3), same, 56 * 56, 8)
+    assert windows.pays((256, 256, 3, 3), same, 14 * 14, 8)
+    assert not windows.pays((512, 512, 3, 3), same, 7 * 7, 8)
     five = ((5, 5), (1, 1), (2, 2), (1, 1))
-    assert windows.pays((32, 16, 5, 5), five, 28 * 28)
-    assert windows.pays((96, 32, 5, 5), five, 14 * 14)
-    assert not windows.pays((32, 16 - 1, 5, 5), five, 28 * 28)
-    assert not windows.pays((128, 48, 5, 5), five, 7 * 7)
-    assert not windows.pays((32, 16, 3, 3), same, 32 * 32)      # a small ResNet's 3x3
-    assert windows.pays((128, 128, 3, 3), ((3, 3), (2, 2), (1, 1), (1, 1)), 28 * 28)
-    assert not windows.pays((512, 512, 3, 3), ((3, 3), (2, 2), (1, 1), (1, 1)), 7 * 7)
-    assert not windows.pays((256, 48 - 1, 3, 3), same, 28 * 28)
+    assert windows.pays((32, 16, 5, 5), five, 28 * 28, 8)
+    assert windows.pays((96, 32, 5, 5), five, 14 * 14, 8)
+    assert not windows.pays((32, 16 - 1, 5, 5), five, 28 * 28, 8)
+    assert not windows.pays((128, 48, 5, 5), five, 7 * 7, 8)
+    assert not windows.pays((32, 16, 3, 3), same, 32 * 32, 8)      # a small ResNet's 3x3
+    assert not windows.pays((32, 16, 5, 5), five, 280 * 280, 1)    # one sample, one worker
+    assert windows.pays((128, 128, 3, 3), same, 28 * 28, 1)
+    assert windows.pays((128, 128, 3, 3), ((3, 3), (2, 2), (1, 1), (1, 1)), 28 * 28, 8)
+    assert not windows.pays((512, 512, 3, 3), ((3, 3), (2, 2), (1, 1), (1, 1)), 7 * 7, 8)
+    assert not windows.pays((256, 48 - 1, 3, 3), same, 28 * 28, 8)
     assert not windows.applies((64, 64, 1, 1), ((1, 1), (1, 1), (0, 0), (1, 1)))
     assert windows.applies((64, 64, 1, 3), ((1, 3), (1, 2), (0, 1), (1, 1)))
 

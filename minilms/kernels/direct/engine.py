@@ -78,7 +78,7 @@ class DirectConvolution:
             self.elements = rules.winograd.workspace_elements(x_shape, weight_shape, ph,
                                                               self.winograd_slots)
             return
-        if rules.windows.pays(weight_shape, geometry, out_h * out_w):
+        if rules.windows.pays(weight_shape, geometry, out_h * out_w, samples):
             self.window_slots = rules.windows.slot_count(x_shape, weight_shape, geometry,
                                                          max_workspace // 4)
         if self.window_slots:

@@ -2,7 +2,7 @@
 from ...shapes import conv_out_size
 
 __all__ = ["applies", "pays", "WINDOWS_PLANE", "WINDOWS_CHANNELS",
-           "WINDOWS_CHANNELS_WIDE", "sizes", "MAX_SLOTS",
+           "WINDOWS_CHANNELS_WIDE", "WINDOWS_WIDE_SAMPLES", "sizes", "MAX_SLOTS",
            "workspace_elements", "slot_count"]
 
 
@@ -19,22 +19,26 @@ def applies(weight_shape, geometry) -> bool:
 # 14x14 layers' share 0.97-1.06x (five A/Bs: even, within this VM's noise; the workspace is
 # smaller). On 7x7 a sample's GEMMs are too short (im2col + GEMM wins by up to 1.6x).
 # Kernels of more than 9 taps (GoogLeNet's 5x5s, 16-48 channels in) take them from
-# WINDOWS_CHANNELS_WIDE channels: in the net they ran 1.6x faster than the direct kernels and
-# their input gradients (docs/benchmarks.md, "Why the code chose", session 67), where alone, hot,
-# the direct kernels had looked even or better (session 36). A 3x3 of fewer channels keeps the
+# WINDOWS_CHANNELS_WIDE channels and WINDOWS_WIDE_SAMPLES samples: in the net, batch 8, they ran
+# 1.6x faster than the direct kernels and their input gradients (docs/benchmarks.md, "Why the
+# code chose", session 67), where alone, hot, the direct kernels had looked even or better
+# (session 36). The windows deal a layer out a sample a worker: one sample (2240x2240, batch 1)
+# ran on one thread, 0.76x the direct kernels; two, even. A 3x3 of fewer channels keeps the
 # direct kernels it was measured with (a small ResNet's).
 WINDOWS_PLANE = 14 * 14
 WINDOWS_CHANNELS = 48
 WINDOWS_CHANNELS_WIDE = 16
+WINDOWS_WIDE_SAMPLES = 2
 
 
-def pays(weight_shape, geometry, out_plane: int) -> bool:
+def pays(weight_shape, geometry, out_plane: int, samples: int) -> bool:
     """Where the windows measured faster than the other paths (above); ``weight_shape`` ``[O,
-    C, kh, kw]``, ``out_plane`` the output's ``OH * OW``."""
+    C, kh, kw]``, ``out_plane`` the output's ``OH * OW``, ``samples`` the layer's batch."""
     (kh, kw) = geometry[0]
-    least = WINDOWS_CHANNELS_WIDE if kh * kw > 9 else WINDOWS_CHANNELS
+    wide = kh * kw > 9
+    least = WINDOWS_CHANNELS_WIDE if wide else WINDOWS_CHANNELS
     return applies(weight_shape, geometry) and out_plane >= WINDOWS_PLANE and \
-        weight_shape[1] >= least
+        weight_shape[1] >= least and (not wide or samples >= WINDOWS_WIDE_SAMPLES)
 
 
 def sizes(x_shape, weight_shape, geometry):
