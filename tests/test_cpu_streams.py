@@ -190,3 +190,24 @@ def test_without_copy_threads_a_copy_stream_runs_its_work_in_order_where_submitt
             stream.submit(lambda: 1 / 0)
         stream.submit(lambda: landed.append(("after", threading.current_thread())))
         assert landed[-1][0] == "after"
+
+
+def test_work_run_where_submitted_leaves_the_streams_thread_asleep(monkeypatch):
+    """``COPY_THREADS`` off, the stream idle: an item, an event's record and a failure each
+    run in the submitting thread without notifying the stream's waiting thread (a wake-up for
+    nothing took the GIL and a core from the kernels: ``CpuStream._run_here``)."""
+    monkeypatch.setattr(cpu_streams, "COPY_THREADS", False)
+    with make_device("cpu", 1 << 12) as device:
+        stream = device.d2h_stream
+        notified = []
+        real = stream._changed.notify_all
+        monkeypatch.setattr(stream._changed, "notify_all",
+                            lambda: (notified.append(1), real()))
+        ran = []
+        stream.submit(lambda: ran.append(threading.current_thread()))
+        done = device.event()
+        done.record(stream)
+        with pytest.raises(RuntimeError, match="d2h stream failed"):
+            stream.submit(lambda: 1 / 0)
+        stream.submit(lambda: ran.append(threading.current_thread()))
+        assert ran == [threading.current_thread()] * 2 and done.query() and notified == []

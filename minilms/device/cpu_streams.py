@@ -155,8 +155,7 @@ class CpuStream:
             return
         if not self.copies_on_thread():   # here and now, after what the thread still has
             self.synchronize()
-            self._run(work)
-            self._raise_pending()
+            self._run_here(work)
             return
         with self._changed:
             self._items.append(work)
@@ -192,6 +191,17 @@ class CpuStream:
             self._changed.notify_all()      # the stream's thread may help with it
         self._run(work)
         return True
+
+    def _run_here(self, work) -> None:
+        """``work`` on the calling thread, the stream idle, and a failure reported as a failed
+        item of the thread's is. The stream's thread, waiting for items, is not notified: woken
+        for nothing at every copy and event, it took the GIL and a core from the kernels' thread
+        (2% of an iteration of LMS on; docs/benchmarks.md, session 67)."""
+        try:
+            work()
+        except BaseException as error:
+            self._error = error
+        self._raise_pending()
 
     def _run(self, work) -> None:
         try:
