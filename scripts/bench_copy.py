@@ -23,8 +23,8 @@ streaming copies' prefetch of the source into the outer caches with a non-tempor
 (``streaming.PREFETCH_NEAR``), ``--switch parallel`` a copy run where it is issued shared out to
 Numba's threads with one thread a copy (``streaming.PARALLEL``), ``--switch cached`` swap-ins
 in plain stores, which leave them in cache, with swap-ins streamed (``cpu.CACHED_SWAP_INS``). The
-device's copies stream at
-``streaming.STREAM_MIN`` bytes and more; the baseline's ``numpy.copyto`` does not. On a machine
+device's copies stream at ``streaming.STREAM_MIN`` bytes and more; the baseline's
+``numpy.copyto`` does not. On a machine
 with a GPU, ``--device cuda`` measures pinned transfers instead (no baseline ratio: the link is the
 limit there).
 """

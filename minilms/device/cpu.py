@@ -29,10 +29,9 @@ from .pages import populate_behind, small_pages
 # Swap-ins in plain stores (``streaming.copy``'s ``cached``) where the pool fits in the last-level
 # cache: there the lines a swap-in writes are in cache already, and its reader, the next steps,
 # finds them there; a streaming store sends them to memory, and the reader after them
-# (docs/benchmarks.md, "Why the code chose", session 67: ResNet-50 b8 and GoogLeNet b8 LMS on
-# 1.02-1.03x an iteration in a 480 MiB L3). Swap-outs stream whatever the cache: their host copy
-# is not read until the blob's next swap-in. None: that rule; True or False: always, never (the
-# benchmark's A/B, ``scripts/bench_copy.py --switch cached``).
+# (docs/benchmarks.md, "Why the code chose", session 67). Swap-outs stream whatever the cache:
+# their host copy is not read until the blob's next swap-in. None: that rule; True or False:
+# always, never (the benchmark's A/B, ``scripts/bench_copy.py --switch cached``).
 CACHED_SWAP_INS = None
 CACHES = "/sys/devices/system/cpu/cpu0/cache"
 

@@ -196,7 +196,7 @@ class CpuStream:
         """``work`` on the calling thread, the stream idle, and a failure reported as a failed
         item of the thread's is. The stream's thread, waiting for items, is not notified: woken
         for nothing at every copy and event, it took the GIL and a core from the kernels' thread
-        (2% of an iteration of LMS on; docs/benchmarks.md, session 67)."""
+        (docs/benchmarks.md, session 67)."""
         try:
             work()
         except BaseException as error:

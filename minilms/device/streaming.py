@@ -12,7 +12,7 @@ time is the cores' time (docs/benchmarks.md, "LMS on's copies"). Where the last-
 a swap-in until its reader comes (a 300 MiB L3), that reader goes to memory instead: there the
 gain was not seen (the same section). So ``copy(..., cached=True)`` writes whole lines in plain
 stores, with the same loop: the device asks for it for swap-ins where its whole pool fits in the
-last-level cache (``cpu.CACHED_SWAP_INS``; 2-3% an iteration on a 480 MiB L3, session 67).
+last-level cache (``cpu.CACHED_SWAP_INS``; docs/benchmarks.md, session 67).
 
 ``copy(dst, src)`` takes contiguous arrays of equal bytes: at least ``STREAM_MIN`` bytes go in
 64-byte streaming stores (the destination's unaligned head and tail byte by byte), anything

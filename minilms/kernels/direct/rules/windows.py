@@ -34,7 +34,7 @@ WINDOWS_WIDE_SAMPLES = 2
 def pays(weight_shape, geometry, out_plane: int, samples: int) -> bool:
     """Where the windows measured faster than the other paths (above); ``weight_shape`` ``[O,
     C, kh, kw]``, ``out_plane`` the output's ``OH * OW``, ``samples`` the layer's batch."""
-    (kh, kw) = geometry[0]
+    kh, kw = geometry[0]
     wide = kh * kw > 9
     least = WINDOWS_CHANNELS_WIDE if wide else WINDOWS_CHANNELS
     return applies(weight_shape, geometry) and out_plane >= WINDOWS_PLANE and \
