@@ -224,3 +224,42 @@ def test_named_steps_train_as_steps_named_at_every_run(monkeypatch):
             results.append(params_of(executor))
     for name, value in results[0].items():
         np.testing.assert_array_equal(value, results[1][name], err_msg=name)
+
+
+@pytest.mark.parametrize("lms", [False, True])
+def test_an_iteration_on_the_cpu_holds_blas_to_one_thread(monkeypatch, lms):
+    """On the ``cpu`` device every product runs on one BLAS thread per core (``blas_threads``):
+    an iteration holds the BLAS libraries at one thread from its first step to its last, so
+    that its hundreds of products do not each set and restore the counts; outside it, the
+    counts the user set (two here) are back. (The libraries are those ``blas_threads`` found
+    when it first looked: Numba's CPU target loads SciPy's OpenBLAS later, at its first compiled
+    function, and no kernel calls that one.)"""
+    from threadpoolctl import threadpool_limits
+
+    from minilms.kernels import blas_threads
+    from minilms.lms import LmsExecutor, Policy, resident_bytes
+    if not blas_threads.libraries():
+        pytest.skip("threadpoolctl finds no BLAS library here")
+    inputs = batch(4, 1, 28)
+    net = build(zoo.lenet(), inputs)
+    seen = []
+    with threadpool_limits(2, user_api="blas"):
+        if lms:
+            capacity = resident_bytes(net, net.schedule(("momentum",))) * 3 // 4
+            executor = LmsExecutor(net, make_device("cpu", capacity), SGD(0.01, momentum=0.9),
+                                   Policy(policy="auto"))
+        else:
+            executor = ResidentExecutor(net, make_device("cpu", 64 << 20), SGD(0.01))
+        dispatch = type(executor)._dispatch
+
+        def noting(self, step, train, solver):
+            seen.append({library.num_threads for library in blas_threads.libraries()})
+            dispatch(self, step, train, solver)
+
+        monkeypatch.setattr(type(executor), "_dispatch", noting)
+        before = [library.num_threads for library in blas_threads.libraries()]
+        executor.iterate(inputs)
+        after = [library.num_threads for library in blas_threads.libraries()]
+    assert 2 in before      # MKL's sequential layer says 1 whatever it is told
+    assert len(seen) > 10 and all(counts == {1} for counts in seen), seen
+    assert after == before

@@ -64,8 +64,11 @@ class Calls:
         if arguments is None or 1 in arguments[2:4] or a.ctypes.data == b.ctypes.data:
             return False    # numpy gives a vector's product to GEMV, a @ a.T to SYRK
         trans_a, trans_b, m, n, k, lda, ldb, ldc = arguments
-        self._rows.append((GEMM, trans_a, trans_b, m, n, k, a.ctypes.data, lda, b.ctypes.data,
-                           ldb, int(accumulate), out.ctypes.data, ldc))
+        blocks = mkl.row_blocks(arguments, out.itemsize) if self.library == "mkl" else [(m, 0, 0)]
+        for rows, a_at, out_at in blocks:
+            self._rows.append((GEMM, trans_a, trans_b, rows, n, k, a.ctypes.data + a_at, lda,
+                               b.ctypes.data, ldb, int(accumulate), out.ctypes.data + out_at,
+                               ldc))
         self._alive += (a, b, out)
         return True
 

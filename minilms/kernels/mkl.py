@@ -37,12 +37,22 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["CHOICES", "MIN_FLOPS", "available", "chosen", "cpu_vendor", "use", "library_for",
-           "gemm_arguments", "product"]
+           "gemm_arguments", "row_blocks", "product"]
 
 CHOICES = ("mkl", "openblas")
 # A product's FLOPs below which numpy's matmul runs it even where MKL is chosen: a call through
 # ctypes costs microseconds, and MKL was slower than OpenBLAS on small products (measured).
 MIN_FLOPS = 4e6
+# MKL's SGEMM on a product with a short inner dimension (48 to 111) and at least 192 rows, over
+# 392 columns or more, wrote an output that was not in cache at about half the rate of the same
+# product made as calls of 128 rows each (ResNet-50's 1x1 convolutions from 64 channels to 256 at
+# 56x56, and their input gradients: docs/benchmarks.md, session 68); each element's bits are the
+# whole product's either way (tests/kernels/test_mkl.py). Below 48 or from 112 on, or on fewer
+# rows or columns, the whole call was as fast or faster. ``ROW_BLOCKS`` False: whole calls (the
+# benchmark's A/B).
+ROW_BLOCKS = True
+BLOCK_INNER = range(48, 112)
+BLOCK_MIN_ROWS, BLOCK_MIN_COLUMNS, BLOCK_ROWS = 192, 392, 128
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _SEQUENTIAL = 1     # MKL_THREADING_SEQUENTIAL
 
@@ -172,6 +182,18 @@ def gemm_arguments(a, b, out):
     return op_a[0], op_b[0], m, n, k, op_a[1], op_b[1], op_out[1]
 
 
+def row_blocks(arguments, itemsize: int) -> list:
+    """``gemm_arguments``' product as the MKL calls that make it: ``(rows, a's byte offset,
+    out's byte offset)`` for each, one call of all rows unless the shape is one MKL writes
+    faster in blocks of ``BLOCK_ROWS`` rows (the comment on ``ROW_BLOCKS``)."""
+    trans_a, _, m, n, k, lda, _, ldc = arguments
+    if not (ROW_BLOCKS and k in BLOCK_INNER and m >= BLOCK_MIN_ROWS and n >= BLOCK_MIN_COLUMNS):
+        return [(m, 0, 0)]
+    a_row = (lda if trans_a == _NO_TRANS else 1) * itemsize     # a transposed: rows are columns
+    return [(min(BLOCK_ROWS, m - r), r * a_row, r * ldc * itemsize)
+            for r in range(0, m, BLOCK_ROWS)]
+
+
 def _gemm(a, b, out, beta: float = 0.0, function=None) -> bool:
     """``out = a @ b + beta * out`` for 2-D views by MKL, or by ``function`` (a ``cblas_sgemm``
     of ``kernels.cblas``, float32 only); False (nothing written) where it cannot."""
@@ -179,13 +201,18 @@ def _gemm(a, b, out, beta: float = 0.0, function=None) -> bool:
     if arguments is None:
         return False
     trans_a, trans_b, m, n, k, lda, ldb, ldc = arguments
+    blocks = [(m, 0, 0)]
     if function is None:
         library = _state["library"]     # loaded: MKL is chosen
-        function = library.cblas_sgemm if out.dtype == np.float32 else library.cblas_dgemm
+        if out.dtype == np.float32:
+            function, blocks = library.cblas_sgemm, row_blocks(arguments, out.itemsize)
+        else:
+            function = library.cblas_dgemm
     elif out.dtype != np.float32:
         return False
-    function(_ROW_MAJOR, trans_a, trans_b, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb,
-             beta, out.ctypes.data, ldc)
+    for rows, a_at, out_at in blocks:
+        function(_ROW_MAJOR, trans_a, trans_b, rows, n, k, 1.0, a.ctypes.data + a_at, lda,
+                 b.ctypes.data, ldb, beta, out.ctypes.data + out_at, ldc)
     return True
 
 

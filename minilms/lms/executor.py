@@ -26,7 +26,7 @@ from ..sizes import format_bytes
 from .ring import Pending
 
 # numba's: imported with the first kernel that runs (``kernels.families``)
-(elementwise,) = families("elementwise")
+elementwise, blas_threads = families("elementwise", "blas_threads")
 
 
 class Executor:
@@ -60,6 +60,16 @@ class Executor:
         return pending.result()
 
     def submit(self, inputs: dict, train: bool = True) -> Pending:
+        """``issue`` the iteration. On the ``cpu`` device BLAS is held to one thread meanwhile:
+        each product sets every BLAS library to one thread and back around its call
+        (``blas_threads``, its threads are the cores'), and an iteration makes hundreds; held
+        here, those are a counter's steps (docs/benchmarks.md, session 68)."""
+        if self.device.kind != "cpu":
+            return self.issue(inputs, train)
+        with blas_threads.one_blas_thread():
+            return self.issue(inputs, train)
+
+    def issue(self, inputs: dict, train: bool = True) -> Pending:
         raise NotImplementedError
 
     def outputs(self) -> list[str]:
@@ -300,7 +310,7 @@ class ResidentExecutor(Executor):
         self.initialise(seed)
 
     # -- one iteration ---------------------------------------------------------------------------
-    def submit(self, inputs: dict, train: bool = True) -> Pending:
+    def issue(self, inputs: dict, train: bool = True) -> Pending:
         """Run the schedule once on ``inputs`` (host arrays by input name) and wait for it (the
         reference keeps it simple); the loss and accuracy blobs' values come from the
         ``Pending``. Without a solver, or with ``train=False``, only forward runs."""

@@ -273,7 +273,7 @@ class LmsExecutor(Executor):
         self.device.synchronize()
 
     # -- one iteration ---------------------------------------------------------------------------
-    def submit(self, inputs: dict, train: bool = True) -> Pending:
+    def issue(self, inputs: dict, train: bool = True) -> Pending:
         """Issue one iteration on ``inputs`` (host arrays by input name) under the plan for their
         shapes, and return at once: its outputs come from the ``Pending`` (``minilms.lms.ring``).
         The host may write the next iteration's inputs now; other host copies are not valid until

@@ -256,3 +256,28 @@ def test_numbas_threads_spin_after_a_kernel_unless_told_not_to():
         assert setting == (value or "50000")
         cpu[value] = float(seconds)
     assert cpu[None] > 4 * cpu["0"] and cpu[None] > 3e-4
+
+
+def test_a_gemm_in_row_blocks_is_written_as_mkl_makes_it(monkeypatch):
+    """A product ``mkl.row_blocks`` cuts is written down as the same calls, one per block, on
+    MKL only: the bits of ``mkl.product``, and the float64 product."""
+    if "mkl" not in LIBRARIES:
+        pytest.skip("no libmkl_rt here: pip install mkl (the test extra brings it)")
+    monkeypatch.setattr(mkl, "BLOCK_INNER", range(8, 40))
+    monkeypatch.setattr(mkl, "BLOCK_MIN_ROWS", 40)
+    monkeypatch.setattr(mkl, "BLOCK_MIN_COLUMNS", 8)
+    monkeypatch.setattr(mkl, "BLOCK_ROWS", 16)
+    rng = np.random.default_rng(3)
+    for a in (_random(rng, (50, 24)), _random(rng, (24, 50)).T):
+        b = _random(rng, (24, 30))
+        want, got = np.empty((50, 30), np.float32), np.empty((50, 30), np.float32)
+        mkl.product(a, b, want, "mkl")
+        for library, count in (("mkl", 4), ("openblas", 1)):
+            calls = blas_calls.Calls(library)
+            assert calls.gemm(a, b, got)
+            assert len(calls._rows) == count
+            calls.end_thread()
+            assert calls.run()
+            np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+            if library == "mkl":
+                np.testing.assert_array_equal(got, want)

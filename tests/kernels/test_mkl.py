@@ -354,3 +354,79 @@ def test_accumulate_adds_the_product_to_out(monkeypatch, library):
     want = out.astype(np.float64) + np.matmul(batch_a.astype(np.float64), batch_b)
     mkl.product(batch_a, batch_b, out, accumulate=True)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """``row_blocks``' rule scaled down to test-sized products: an inner dimension of 8 to 39,
+    40 rows or more, 8 columns or more, blocks of 16 rows."""
+    monkeypatch.setattr(mkl, "BLOCK_INNER", range(8, 40))
+    monkeypatch.setattr(mkl, "BLOCK_MIN_ROWS", 40)
+    monkeypatch.setattr(mkl, "BLOCK_MIN_COLUMNS", 8)
+    monkeypatch.setattr(mkl, "BLOCK_ROWS", 16)
+
+
+def test_row_blocks_cut_only_the_shapes_the_rule_names(small_blocks):
+    item = 4
+    # a [50, 24] @ [24, 30] into rows of 30 (ldc 30): blocks of 16 rows, the last of 2
+    blocks = mkl.row_blocks((mkl._NO_TRANS, mkl._NO_TRANS, 50, 30, 24, 24, 30, 30), item)
+    assert blocks == [(16, 0, 0), (16, 16 * 24 * item, 16 * 30 * item),
+                      (16, 32 * 24 * item, 32 * 30 * item), (2, 48 * 24 * item, 48 * 30 * item)]
+    # a transposed: a row of a is a column of its storage, one element on
+    blocks = mkl.row_blocks((mkl._TRANS, mkl._NO_TRANS, 50, 30, 24, 64, 30, 40), item)
+    assert [at for _, at, _ in blocks] == [0, 16 * item, 32 * item, 48 * item]
+    assert [at for _, _, at in blocks] == [r * 40 * item for r in (0, 16, 32, 48)]
+    for inner, rows, columns in ((7, 50, 30), (40, 50, 30), (24, 39, 30), (24, 50, 7)):
+        arguments = (mkl._NO_TRANS, mkl._NO_TRANS, rows, columns, inner, inner, columns, columns)
+        assert mkl.row_blocks(arguments, item) == [(rows, 0, 0)]
+
+
+@needs_mkl
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_products_in_row_blocks_are_right(small_blocks, monkeypatch, accumulate):
+    """Every view ``_views`` passes, and the input gradient's transposed weight, cut in blocks of
+    rows where the rule says: the float64 product, and the output outside the product left
+    alone (a block written at a wrong offset would show in either)."""
+    monkeypatch.setitem(mkl._state, "chosen", "mkl")
+    monkeypatch.setattr(mkl, "MIN_FLOPS", 0)
+    rng = np.random.default_rng(5)
+    big = _random(rng, (60, 70))
+    cases = list(_views(rng)) + [
+        (_random(rng, (24, 50)).T, _random(rng, (24, 30)), np.empty((50, 30), np.float32)),
+        (big[2:52, 3:27], _random(rng, (24, 30)), np.empty((50, 30), np.float32)),
+        (_random(rng, (50, 24)), _random(rng, (4, 24, 30)), np.empty((4, 50, 30), np.float32))]
+    cut = 0
+    for a, b, out in cases:
+        room = _random(rng, out.shape[:-1] + (out.shape[-1] + 9,))
+        window = room[..., 4:4 + out.shape[-1]]
+        before = room.copy()
+        want = (window.astype(np.float64) if accumulate else 0) + np.matmul(
+            a.astype(np.float64), b)
+        mkl.product(a, b, window, "mkl", accumulate)
+        np.testing.assert_allclose(window, want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(room[..., :4], before[..., :4])
+        np.testing.assert_array_equal(room[..., 4 + out.shape[-1]:], before[..., 4 + out.shape[-1]:])
+        cut += a.shape[-2] >= mkl.BLOCK_MIN_ROWS
+    assert cut >= 3
+
+
+@needs_mkl
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_row_blocks_keep_the_whole_products_bits(monkeypatch, transposed, accumulate):
+    """At the rule's own sizes (ResNet-50's 64 to 256 channels at 56x56, and that weight
+    transposed for the input gradient) the blocks give each element the bits of one call over
+    all rows: LMS on and off, and runs before this rule, agree bit for bit."""
+    monkeypatch.setitem(mkl._state, "chosen", "mkl")
+    rng = np.random.default_rng(9)
+    m, k, n = 256, 64, 3136
+    arguments = mkl.gemm_arguments(np.empty((m, k), np.float32), np.empty((k, n), np.float32),
+                                   np.empty((m, n), np.float32))
+    assert len(mkl.row_blocks(arguments, 4)) == 2
+    a = _random(rng, (k, m)).T if transposed else _random(rng, (m, k))
+    b, start = _random(rng, (k, n)), _random(rng, (m, n))
+    blocked, whole = start.copy(), start.copy()
+    mkl.product(a, b, blocked, "mkl", accumulate)
+    monkeypatch.setattr(mkl, "ROW_BLOCKS", False)
+    mkl.product(a, b, whole, "mkl", accumulate)
+    np.testing.assert_array_equal(blocked, whole)
