@@ -12,6 +12,17 @@ iteration), so that a machine whose speed drifts (a VM's neighbours) moves both 
    the order swapped every other pair): the median seconds of each, and the median of the
    pairs' ratios.
 
+``--row-blocks`` times MKL's products in ``mkl.row_blocks``' blocks of rows against one call
+(``kernels/mkl.py``, ``ROW_BLOCKS``) instead, on MKL alone:
+
+1. **products**: the shapes the rule cuts (ResNet-50's 1x1s from 64 channels to 256 at 56x56, its
+   input gradients, added or not) and some either side of it, a sample's product per thread as
+   ``blas_threads`` deals them, each call's operands and output taken from a ring twice the
+   last-level cache, so that the output is not in cache, as in a net: ms each way, whole over
+   blocks;
+2. **training**: each net LMS off and LMS on (an eighth of the pool), one executor, iterations
+   alternating the switch: the median of the pairs' ratios.
+
 Needs the ``mkl`` wheel (``pip install -e ".[mkl]"``). ``--smoke``: tiny, for the test suite.
 """
 import argparse
@@ -93,12 +104,109 @@ def time_training(case, pairs):
     return float(np.median(ob)), float(np.median(mk)), float(np.median(ob / mk))
 
 
+# (m, k, n, a transposed, added into): the rule's shapes, then either side of it
+BLOCK_SHAPES = ((256, 64, 3136, False, False), (256, 64, 3136, True, False),
+                (256, 64, 3136, True, True), (512, 64, 784, False, False),
+                (256, 96, 3136, False, False), (192, 48, 3136, False, False),
+                (256, 40, 3136, False, False), (160, 64, 3136, False, False),
+                (256, 128, 3136, False, False), (1024, 64, 196, False, False))
+
+
+def time_row_blocks(shapes, samples: int, calls: int, ring_bytes: int):
+    """``(shape, whole seconds, blocks seconds)`` per shape: ``samples`` products a call dealt out
+    to the threads as ``blas_threads`` does, operands from a ring of ``ring_bytes``, whole and in
+    blocks alternating; the median of ``calls`` each."""
+    import numpy as np
+
+    from minilms.kernels import blas_threads, mkl
+    rng = np.random.default_rng(0)
+    rows = []
+    for m, k, n, transposed, added in shapes:
+        weight = rng.standard_normal((k, m) if transposed else (m, k), dtype=np.float32)
+        weight = weight.T if transposed else weight
+        per_call = 4 * samples * (k + m) * n
+        ring = [(rng.standard_normal((samples, k, n), dtype=np.float32),
+                 np.ones((samples, m, n), np.float32))
+                for _ in range(max(2, ring_bytes // per_call + 1))]
+        seconds = {True: [], False: []}
+        for call in range(2 * calls + 2):
+            for blocks in ((True, False) if call % 2 else (False, True)):
+                x, out = ring[(2 * call + blocks) % len(ring)]
+                mkl.ROW_BLOCKS = blocks
+                start = time.perf_counter()
+                blas_threads.matmul(weight, x, out=out, accumulate=added)
+                if call >= 2:
+                    seconds[blocks].append(time.perf_counter() - start)
+        mkl.ROW_BLOCKS = True
+        rows.append(((m, k, n, transposed, added), float(np.median(seconds[False])),
+                     float(np.median(seconds[True]))))
+    return rows
+
+
+def time_switch_training(case, pairs: int, lms: bool):
+    """``(whole s, blocks s, paired whole/blocks)``: one executor (``bench_fullsize.training``),
+    its iterations alternating ``mkl.ROW_BLOCKS``."""
+    import numpy as np
+    from bench_fullsize import training
+
+    from minilms.kernels import mkl
+    _, inputs, executor, _, _ = training(dict(case, lms=lms), 8)
+    seconds = {True: [], False: []}
+    try:
+        for pair in range(pairs + 1):           # the first pair warms up
+            for blocks in ((True, False) if pair % 2 else (False, True)):
+                mkl.ROW_BLOCKS = blocks
+                began = time.perf_counter()
+                executor.iterate(inputs)
+                if pair:
+                    seconds[blocks].append(time.perf_counter() - began)
+    finally:
+        mkl.ROW_BLOCKS = True
+        executor.device.close()
+    whole, blocks = np.array(seconds[False]), np.array(seconds[True])
+    return float(np.median(whole)), float(np.median(blocks)), float(np.median(whole / blocks))
+
+
+def row_blocks(cases, pairs: int, smoke: bool) -> int:
+    """``--row-blocks``: the module docstring's two parts (``smoke``: one small shape, a small
+    ring, the nets' cases as given)."""
+    import numpy as np
+
+    from minilms.device.cpu import last_level_cache
+    from minilms.kernels import mkl
+    mkl.use("mkl")
+    shapes, samples, calls = BLOCK_SHAPES, 8, 12
+    ring = 2 * (last_level_cache() or 2**25)
+    if smoke:
+        shapes, samples, calls, ring = ((256, 64, 392, False, False),), 2, 2, 2**24
+    print(f"{'m x k x n':>18} {'':12} {'whole ms':>9} {'blocks ms':>10} {'whole/blocks':>12}  "
+          f"({samples} samples a call, operands from a {ring >> 20} MiB ring, medians)")
+    for (m, k, n, transposed, added), whole, blocks in time_row_blocks(shapes, samples, calls,
+                                                                         ring):
+        cut = len(mkl.row_blocks(mkl.gemm_arguments(
+            np.empty((m, k), np.float32), np.empty((k, n), np.float32),
+            np.empty((m, n), np.float32)), 4)) > 1
+        how = ("a^T" if transposed else "") + (" added" if added else "")
+        print(f"{f'{m} x {k} x {n}':>18} {how:12} {whole * 1e3:9.2f} {blocks * 1e3:10.2f} "
+              f"{whole / blocks:11.2f}x{'' if cut else '  (not cut: the same calls)'}")
+    print(f"\n{'net':24} {'LMS':>4} {'whole s':>8} {'blocks s':>9} {'paired':>8}")
+    for case in cases:
+        for lms in (False, True):
+            whole, blocks, paired = time_switch_training(case, pairs, lms)
+            name = f"{case['model']} {case['size']} b{case['batch']}"
+            print(f"{name:24} {'on' if lms else 'off':>4} {whole:8.3f} {blocks:9.3f} "
+                  f"{paired:7.3f}x")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="+", default=["resnet50:224:8", "googlenet:224:8"],
                    metavar="MODEL:SIZE:BATCH")
     p.add_argument("--pairs", type=int, default=12, help="training iterations on each library")
     p.add_argument("--seconds", type=float, default=2.0, help="per product shape")
+    p.add_argument("--row-blocks", action="store_true",
+                   help="MKL's products in blocks of rows against whole calls (docstring)")
     p.add_argument("--smoke", action="store_true", help="tiny and quick: for the test suite")
     args = p.parse_args(argv)
     import minilms  # noqa: F401, I001  (first: thread settings before numpy loads OpenBLAS)
@@ -115,6 +223,8 @@ def main(argv=None) -> int:
         args.pairs, args.seconds = 1, 0.05
     chosen = mkl.chosen()
     try:
+        if args.row_blocks:
+            return row_blocks(cases, args.pairs, args.smoke)
         net, _ = build(cases[0], np)
         ratios = time_products(product_shapes(net), args.seconds)
         print(f"MKL/OpenBLAS on {cases[0]['model']}'s products: {min(ratios):.2f}-"

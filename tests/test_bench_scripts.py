@@ -201,6 +201,21 @@ def test_bench_blas_smoke(capsys):
     assert mkl.chosen() == before
 
 
+def test_bench_blas_row_blocks_smoke(capsys):
+    """``--row-blocks``: a row per product shape (whole and blocks timed, the ratio printed, never
+    asserted) and a row per net and LMS setting; MKL's blocks switched back on after."""
+    from minilms.kernels import mkl
+    if not mkl.available():
+        pytest.skip("MKL not installed: the blocks are MKL's (the test extra brings it)")
+    before = mkl.chosen()
+    assert run_script("bench_blas.py", "--row-blocks", "--smoke") == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^ +256 x 64 x 392 +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
+    for lms in ("off", "on"):
+        assert re.search(rf"^resnet50 32 b2 +{lms} +[\d.]+ +[\d.]+ +[\d.]+x$", out, re.M), out
+    assert mkl.ROW_BLOCKS is True and mkl.chosen() == before
+
+
 # a training row of bench_windows.print_training: seconds both ways, the paired ratio, and that
 # ratio with the net without the path built first and second
 PAIRED_ROW = r" +[\d.]+ +[\d.]+ +[\d.]+x +\([\d.]+x, [\d.]+x\)$"
