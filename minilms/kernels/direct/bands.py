@@ -48,6 +48,8 @@ from .rules.bands import (  # noqa: F401  (its rules, named as its own)
 )
 from .weight_grad import bias_grad
 
+U = np.uint64   # unsigned indices: numba's negative-index wrap-around stops the vectoriser
+
 __all__ = ["applies", "pays", "MAX_SLOTS", "band_rows", "slot_count", "workspace_elements",
            "forward", "backward"]
 
@@ -82,10 +84,12 @@ def _band_columns(xp, col, count, kh, kw, sh, sw, dh, dw, out_w):
                 dst = col[(c * kh + i) * kw + j]
                 shift, phase = divmod(j * dw, sw)
                 for r in range(count):
-                    src = xp[c, r * sh + i * dh, phase]
-                    at = r * out_w
-                    for ow in range(out_w):     # a loop: a slice's copy checks for overlap
-                        dst[at + ow] = src[shift + ow]
+                    # a loop (a slice's copy checks for overlap) over views that start where
+                    # the run does, by an unsigned index: ``dst[at + ow]`` made numba wrap a
+                    # negative index around at each element, and the loop did not vectorise
+                    src, run = xp[c, r * sh + i * dh, phase][shift:], dst[r * out_w:]
+                    for ow in range(U(out_w)):
+                        run[ow] = src[ow]
 
 
 @njit(cache=True, nogil=True)
