@@ -15,6 +15,7 @@ from .test_conv_bands import STEM
 from .test_conv_bands import run as run_bands
 from .test_conv_windows import run as run_windows
 from .test_conv_winograd import run as run_winograd
+from .test_mkl import small_blocks  # noqa: F401  (a fixture: the row blocks' rule scaled down)
 
 LIBRARIES = [name for name in mkl.CHOICES if cblas.sgemm(name) is not None]
 
@@ -258,15 +259,13 @@ def test_numbas_threads_spin_after_a_kernel_unless_told_not_to():
     assert cpu[None] > 4 * cpu["0"] and cpu[None] > 3e-4
 
 
-def test_a_gemm_in_row_blocks_is_written_as_mkl_makes_it(monkeypatch):
-    """A product ``mkl.row_blocks`` cuts is written down as the same calls, one per block, on
-    MKL only: the bits of ``mkl.product``, and the float64 product."""
+@pytest.mark.usefixtures("small_blocks")
+def test_a_gemm_in_row_blocks_is_written_as_mkl_makes_it():
+    """A product ``mkl.row_blocks`` cuts (its rule scaled down: ``test_mkl.small_blocks``) is
+    written down as the same calls, one per block, on MKL only: the bits of ``mkl.product``, and
+    the float64 product."""
     if "mkl" not in LIBRARIES:
         pytest.skip("no libmkl_rt here: pip install mkl (the test extra brings it)")
-    monkeypatch.setattr(mkl, "BLOCK_INNER", range(8, 40))
-    monkeypatch.setattr(mkl, "BLOCK_MIN_ROWS", 40)
-    monkeypatch.setattr(mkl, "BLOCK_MIN_COLUMNS", 8)
-    monkeypatch.setattr(mkl, "BLOCK_ROWS", 16)
     rng = np.random.default_rng(3)
     for a in (_random(rng, (50, 24)), _random(rng, (24, 50)).T):
         b = _random(rng, (24, 30))
