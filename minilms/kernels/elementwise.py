@@ -334,6 +334,8 @@ def accumulate(dst, src, stream=None):
 
 # ---------------------------------------------------------------- slice copy
 
+SLICE_PIECE = 16384    # elements a task of ``slice_copy_cpu`` copies, at most (64 KiB)
+
 _SLICE_SIGS = [f"void({t}[:, :, ::1], {t}[:, :, ::1], int64, boolean)"
                for t in ("float32", "float64")]
 
@@ -354,12 +356,22 @@ def slice_copy_cuda(part, whole, offset, into_whole):
 
 @njit(parallel=True, cache=True, nogil=True)
 def slice_copy_cpu(part, whole, offset, into_whole):
-    c = part.shape[1]
-    for s in prange(part.shape[0]):
-        if into_whole:
-            whole[s, offset:offset + c, :] = part[s]
-        else:
-            part[s] = whole[s, offset:offset + c, :]
+    """A sample's block is ``c * inner`` consecutive elements on both sides: a task copies one
+    as a flat loop, which vectorises, in pieces of ``SLICE_PIECE`` so both cores share a batch of
+    one. A numba 2-D slice assignment per sample took 1.35x as long (docs/benchmarks.md,
+    session 69)."""
+    n, c, inner = part.shape
+    run = c * inner
+    pieces = (run + SLICE_PIECE - 1) // SLICE_PIECE
+    for task in prange(n * pieces):
+        s, k0 = task // pieces, (task % pieces) * SLICE_PIECE
+        k1 = min(run, k0 + SLICE_PIECE)
+        mine = part[s].reshape(run)
+        theirs = whole[s].reshape(whole.shape[1] * inner)[offset * inner:offset * inner + run]
+        src, dst = (mine, theirs) if into_whole else (theirs, mine)
+        src, dst = src[k0:k1], dst[k0:k1]   # indexed from 0: a loop from k0 did not vectorise
+        for k in range(k1 - k0):
+            dst[k] = src[k]
 
 
 def slice_copy(part, whole, offset: int, into_whole: bool, stream=None) -> None:

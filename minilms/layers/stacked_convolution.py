@@ -30,10 +30,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..kernels import on_cpu
+from ..kernels import families, on_cpu
 from .base import BufferSpec, Layer, StepIO
 from .convolution import Convolution
 from .recompute import Recompute
+
+# numba's: imported with the first kernel that runs (``kernels.families``)
+(elementwise,) = families("elementwise")
 
 
 class StackedConvolution(Layer):
@@ -89,8 +92,9 @@ class StackedConvolution(Layer):
     # -- the passes ------------------------------------------------------------------------------
     def _stacked_weight(self, io):
         weight = io.work["weight"]
-        for member, (a, b) in zip(self.members, self.rows):
-            weight[a:b] = io.params[f"{member.name}.weight"]
+        for member, (a, _) in zip(self.members, self.rows):
+            elementwise.slice_copy(io.params[f"{member.name}.weight"][None], weight[None], a,
+                                   True)
         return weight
 
     def _conv_work(self, io):
@@ -111,7 +115,7 @@ class StackedConvolution(Layer):
             for member, top, (a, b) in zip(self.members, io.top, self.rows):
                 bias = io.params.get(f"{member.name}.bias")
                 if bias is None:
-                    top[n0:n1] = y[:, a:b]
+                    elementwise.slice_copy(top[n0:n1], y, a, False)
                 else:
                     np.add(y[:, a:b], bias.reshape(1, -1, 1, 1), out=top[n0:n1])
 
@@ -132,15 +136,17 @@ class StackedConvolution(Layer):
                 if top_grad is None:
                     dy[:, a:b] = 0
                 else:
-                    dy[:, a:b] = top_grad[n0:n1]
+                    elementwise.slice_copy(top_grad[n0:n1], dy, a, True)
             self.conv.backward(StepIO(
                 bottom=[x[n0:n1]], top=[None], params={"weight": weight}, work=work,
                 top_grad=[dy], bottom_grad=[None if dx is None else dx[n0:n1]],
                 param_grad={"weight": dweight} if wanted else {}, stream=io.stream,
                 adds=io.adds if dx is not None else frozenset()))
             for (dw, db), (a, b) in zip(grads, self.rows):
-                if dw is not None:
-                    _write_or_add(dw, dweight[a:b], index == 0)
+                if dw is not None and index == 0:     # on every core, where numpy takes one
+                    elementwise.slice_copy(dw[None], dweight[None], a, False)
+                elif dw is not None:
+                    dw += dweight[a:b]
                 if db is not None:
                     _write_or_add(db, dy[:, a:b].sum(axis=(0, 2, 3)), index == 0)
 

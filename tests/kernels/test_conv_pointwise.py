@@ -154,6 +154,38 @@ def test_both_gradients_by_sample_are_the_two_passes_bit_for_bit(monkeypatch, sa
     np.testing.assert_allclose(db, want_db, rtol=1e-5, atol=1e-5 * np.sqrt(samples * h * h))
 
 
+@pytest.mark.parametrize("samples, chunk", [(3, 3), (5, 2)])   # one chunk; three, the last short
+def test_small_products_on_a_long_plane_sum_by_columns(monkeypatch, samples, chunk):
+    """dW of a 1x1 whose per-sample products are below ``MIN_FLOPS`` on a long plane (GoogLeNet's
+    32-output 1x1s at 28x28): each thread a block of dW's columns, the samples added by the GEMM
+    (``sum_by_columns``); the definition's to float32 rounding, and the per-sample path's."""
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 2)
+    rng = np.random.default_rng(samples)
+    c, o, h = 24, 8, 17                 # plane 289: a product of 2 * 8 * 289 * 24 FLOPs
+    x = rng.standard_normal((samples, c, h, h)).astype(np.float32)
+    weight = rng.standard_normal((o, c, 1, 1)).astype(np.float32)
+    dy = rng.standard_normal((samples, o, h, h)).astype(np.float32)
+    geometry = ((1, 1), (1, 1), (0, 0), (1, 1))
+    assert pointwise.by_columns(o, h * h, c)
+    real, calls = pointwise.sum_by_columns, []
+
+    def spy(*args, first):
+        calls.append(first)
+        real(*args, first=first)
+    monkeypatch.setattr(pointwise, "sum_by_columns", spy)
+    work = np.empty(1, np.float32)
+    got = {}
+    for columns in (True, False):
+        monkeypatch.setattr(pointwise, "by_columns", lambda *a, on=columns: on)
+        dw = np.full_like(weight, np.nan)
+        pointwise.weight_grad(x, dy, dw, None, work, chunk, geometry)
+        got[columns] = dw
+    assert calls == [n0 == 0 for n0 in range(0, samples, chunk)]
+    _, _, want_dw, _ = reference(x, weight, None, dy, 1)
+    np.testing.assert_allclose(got[True], want_dw, rtol=1e-5, atol=1e-5 * np.sqrt(samples * h * h))
+    np.testing.assert_allclose(got[True], got[False], rtol=1e-5, atol=1e-5)
+
+
 def test_by_sample_only_where_the_two_passes_run_whole_products_per_thread(monkeypatch):
     """Stride 2, a short plane, slots, fewer samples than threads, or a small product: the two
     passes."""

@@ -197,6 +197,27 @@ def test_dropout_cpu(dtype):
         ew.dropout_forward(x, mask, 1.5, out)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n, c, inner, channels, offset", [
+    (2, 3, 5, 7, 2),          # a few elements a sample
+    (3, 5, 4000, 9, 4),       # 20,000 a sample: two pieces (SLICE_PIECE), the last one short
+    (1, 6, 1, 8, 1),          # one element a channel (Convolution's bands: [M, L] as [M, L, 1])
+    (4, 2, ew.SLICE_PIECE, 2, 0)])  # the whole, pieces that end where the samples do
+def test_slice_copy_cpu_moves_the_channels_and_nothing_else(dtype, n, c, inner, channels, offset):
+    """Into ``whole`` (the rest of it untouched) and out of it, against numpy's slicing."""
+    rng = np.random.default_rng(inner)
+    part = rng.standard_normal((n, c, inner)).astype(dtype)
+    whole = rng.standard_normal((n, channels, inner)).astype(dtype)
+    want = whole.copy()
+    want[:, offset:offset + c] = part
+    ew.slice_copy(part, whole, offset, True)
+    np.testing.assert_array_equal(whole, want)
+    whole[:, offset:offset + c] += 1
+    out = np.full_like(part, np.nan)
+    ew.slice_copy(out, whole, offset, False)
+    np.testing.assert_array_equal(out, part + 1)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [1, 256, 257])  # one element, one full block, one thread more
 def test_elementwise_cuda_matches_cpu(n):

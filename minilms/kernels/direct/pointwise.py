@@ -42,7 +42,7 @@ from .rules.pointwise import SHORT_PLANE, applies, columns_held, workspace_eleme
 from .weight_grad import bias_grad
 
 __all__ = ["applies", "workspace_elements", "forward", "input_grad", "weight_grad", "backward",
-           "by_sample", "both_by_sample", "BY_SAMPLE"]
+           "by_sample", "both_by_sample", "by_columns", "sum_by_columns", "BY_SAMPLE"]
 
 BY_SAMPLE = True    # False: ``backward`` always makes its two passes (the benchmark's A/B)
 
@@ -152,6 +152,9 @@ def weight_grad(x, dy, dweight, dbias, work, chunk, geometry) -> None:
         for n0 in range(0, samples, chunk):
             n1 = min(samples, n0 + chunk)
             xs = _gather(x, work, geometry, n0, n1)
+            if by_columns(out, plane, channels):
+                sum_by_columns(dy3[n0:n1], xs, dw, first=n0 == 0)
+                continue
             # a product per core at a time, each whole on one thread: the temporary is
             # threads x [O, C], and each sample's bits are its product's, whatever the threads
             group = max(1, numba.get_num_threads())
@@ -170,6 +173,33 @@ def weight_grad(x, dy, dweight, dbias, work, chunk, geometry) -> None:
         side_by_side(dy3[n0:n1], dy_t)
         _gather_side_by_side(x, x_t, geometry, n0, n1)
         _accumulate(dy_t, x_t.T, dw, first=n0 == 0)
+
+
+def by_columns(out: int, plane: int, channels: int) -> bool:
+    """Where dW's per-sample products on a long plane are too small for a thread each
+    (``blas_threads.MIN_FLOPS``: GoogLeNet's 1x1s of 32 outputs at 28x28), and the two-pass
+    path would make them one after another on one thread: ``sum_by_columns`` instead."""
+    threads = numba.get_num_threads()
+    return (threads >= 2 and channels >= threads and bool(blas_threads.libraries())
+            and 2.0 * out * plane * channels < blas_threads.MIN_FLOPS)
+
+
+def sum_by_columns(dy3, xs, dw, first: bool) -> None:
+    """``dw = sum_n dy3[n] @ xs[n]^T`` (``+=`` unless ``first``): each thread a block of dW's
+    columns (input channels), its samples' products added by the GEMM itself (``beta = 1``) in
+    sample order: every core busy, no temporaries, no adds."""
+    threads, channels = numba.get_num_threads(), dw.shape[1]
+    bounds = [channels * i // threads for i in range(threads + 1)]
+    library = mkl.library_for(dy3[0], dw)
+
+    def write(worker, ops):
+        c0, c1 = bounds[worker], bounds[worker + 1]
+        for n in range(dy3.shape[0]):
+            if not ops.gemm(dy3[n], xs[n, c0:c1].T, dw[:, c0:c1], not (first and n == 0),
+                            library):
+                return False
+        return True
+    blas_threads.run_products(write, threads, library)
 
 
 def backward(x, dy, weight, dx, dweight, dbias, work, chunk, geometry, slots: int = 1,
