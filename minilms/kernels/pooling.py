@@ -34,7 +34,7 @@ from numba import njit, prange
 from ..lazy_cuda import cuda
 from . import pooling_planes
 from .common import block_sum, grid_1d, launch, view
-from .pooling_planes import max_pool_forward_planes_cpu
+from .pooling_planes import U, max_pool_forward_planes_cpu
 from .pooling_rows import max_pool_forward_rows_cpu, max_pool_forward_stride2_cpu, stride2_rows_pay
 from .registry import cpu_variant, cuda_kernel, on_cpu, shared
 from .shapes import pool_output_size
@@ -214,7 +214,9 @@ def max_pool_backward_cpu(dy, argmax, dx, geom):
     # A scatter, one plane per thread: each dx element receives its dy values in (oh, ow) order,
     # as the CUDA gather adds them, so the sums are identical, at one pass over dy instead of a
     # search of every covering window per input (measured much faster than gathering on the CPU).
-    # Planes as flat rows: the argmax is the flat index itself (no division per element).
+    # Planes as flat rows: the argmax is the flat index itself (no division per element), read
+    # as unsigned (0.89-0.96x the time of a signed index, which numba tests for wrap-around:
+    # docs/benchmarks.md, session 69).
     n_, c_, h_, w_ = dx.shape
     plane_out = dy.shape[2] * dy.shape[3]
     grads, sources = dx.reshape(n_ * c_, h_ * w_), dy.reshape(n_ * c_, plane_out)
@@ -223,8 +225,8 @@ def max_pool_backward_cpu(dy, argmax, dx, geom):
         grad, source, at = grads[plane], sources[plane], where[plane]
         for i in range(h_ * w_):
             grad[i] = 0
-        for i in range(plane_out):
-            grad[at[i]] += source[i]
+        for i in range(plane_out):      # unsigned: no negative-index wrap-around test a store
+            grad[U(at[i])] += source[i]
 
 
 def max_pool_forward(x, y, argmax, kernel, stride=None, pad=0, stream=None):

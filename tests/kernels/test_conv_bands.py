@@ -155,3 +155,24 @@ def test_the_layer_runs_it_and_agrees_with_the_reference_engine(monkeypatch, bia
     np.testing.assert_allclose(got[1], want[1], rtol=1e-4, atol=1e-4)
     for key in params:
         np.testing.assert_allclose(got[2][key], want[2][key], rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("stride, pad", [((1, 1), (0, 0)), ((2, 2), (3, 3)), ((3, 2), (1, 2)),
+                                         ((2, 4), (0, 3))])
+def test_a_bands_input_rows_are_the_padded_inputs(stride, pad):
+    """``_band_copy`` against the padded input by definition: every row of the band, phase and
+    column, those in the padding (left, right, above and below the input) zero; bands from the
+    top, inside and past the bottom, columns short of the row, the whole row and past it."""
+    (sh, sw), (ph, pw) = stride, pad
+    rng = np.random.default_rng(sw * 10 + pw)
+    for height, width in [(5, 1), (8, 9), (13, 16)]:
+        x = rng.standard_normal((2, height, width)).astype(np.float32)
+        padded = np.zeros((2, height + 2 * ph + 8, width + 2 * pw + 8 * sw), np.float32)
+        padded[:, ph:ph + height, pw:pw + width] = x
+        for rows, cols, top in [(1, 1, 0), (3, 5, 2), (2, (width + 2 * pw) // sw + 1, height),
+                                (3, (width + 2 * pw) // sw + 3, 1)]:
+            xp = np.full((2, rows, sw + 1, cols), np.nan, np.float32)
+            bands._band_copy(x, xp, top, sh, sw, ph, pw)
+            r, f, q = np.meshgrid(np.arange(rows), np.arange(sw + 1), np.arange(cols),
+                                  indexing="ij")
+            np.testing.assert_array_equal(xp, padded[:, top + r, q * sw + f])

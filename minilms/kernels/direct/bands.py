@@ -66,10 +66,18 @@ def _band_copy(x, xp, top, sh, sw, ph, pw):
             for f in range(phases):
                 dst = xp[c, r, f]
                 if 0 <= h < height:
-                    src = x[c, h]
-                    for q in range(cols):
-                        w = q * sw + f - pw
-                        dst[q] = src[w] if 0 <= w < width else 0.0
+                    # the columns inside the row: from q_lo, whose column f - pw + q_lo * sw is
+                    # the first >= 0, to q_hi; one loop from 0 over views by an unsigned index
+                    # (a test per element, and numba's wrap-around, kept it scalar)
+                    q_lo = min(cols, max(0, (pw - f + sw - 1) // sw))
+                    q_hi = max(q_lo, min(cols, (width - 1 - f + pw) // sw + 1))
+                    for q in range(q_lo):
+                        dst[q] = 0.0
+                    inside, src = dst[q_lo:q_hi], x[c, h, q_lo * sw + f - pw:]
+                    for q in range(q_hi - q_lo):
+                        inside[U(q)] = src[U(q * sw)]
+                    for q in range(q_hi, cols):
+                        dst[q] = 0.0
                 else:
                     dst[:] = 0.0
 
