@@ -11,9 +11,10 @@ axis (``pool_output_size``)::
 PyTorch), so every window holds at least one real element. The output size is not an argument of
 the launchers: it is read from ``y``'s shape, so ceil mode is just a larger ``y``.
 
-Max: padding never wins. ``argmax`` (int32, shape of ``y``) records ``h*W + w`` of the maximum
-within its ``(n, c)`` plane (PyTorch's ``return_indices`` convention); ties go to the first maximum
-in row-major order; NaN propagates, as in PyTorch.
+Max: padding never wins. ``argmax`` (shape of ``y``; int32, or uint16 on the cpu where the plane
+has at most ``SHORT_ARGMAX`` pixels) records ``h*W + w`` of the maximum within its ``(n, c)``
+plane (PyTorch's ``return_indices`` convention); ties go to the first maximum in row-major order;
+NaN propagates, as in PyTorch.
 
 Average: ``y = sum(window ∩ input) / divisor``. With ``count_include_pad=True`` (the default,
 Caffe's and PyTorch's default) the divisor is the window clipped to the padded input, ``[-pad, H +
@@ -37,7 +38,7 @@ from .common import block_sum, grid_1d, launch, view
 from .pooling_planes import U, max_pool_forward_planes_cpu
 from .pooling_rows import max_pool_forward_rows_cpu, max_pool_forward_stride2_cpu, stride2_rows_pay
 from .registry import cpu_variant, cuda_kernel, on_cpu, shared
-from .shapes import pool_output_size
+from .shapes import SHORT_ARGMAX, pool_output_size
 
 __all__ = ["pool_output_size", "max_pool_forward", "max_pool_backward", "avg_pool_forward",
            "avg_pool_backward", "global_avg_pool_forward", "global_avg_pool_backward"]
@@ -157,10 +158,14 @@ def _sigs(pattern):
     return [pattern.replace("X", x) for x in ("float32[:, :, :, ::1]", "float64[:, :, :, ::1]")]
 
 
-def _argmax(argmax, y):
-    if argmax.dtype != np.int32 or tuple(argmax.shape) != tuple(y.shape):
-        raise ValueError(f"argmax must be int32 {tuple(y.shape)}, "
-                         f"got {argmax.dtype} {argmax.shape}")
+def _argmax(argmax, y, plane: int):
+    """``argmax`` checked against the output ``y`` and the input's ``plane`` pixels: int32, or
+    uint16 on the cpu where the plane's indices fit (``shapes.argmax_dtype``)."""
+    short = on_cpu(y) and plane <= SHORT_ARGMAX
+    if argmax.dtype not in ((np.int32, np.uint16) if short else (np.int32,)) \
+            or tuple(argmax.shape) != tuple(y.shape):
+        raise ValueError(f"argmax must be {'int32 or uint16' if short else 'int32'} "
+                         f"{tuple(y.shape)}, got {argmax.dtype} {argmax.shape}")
     return view(argmax, *y.shape)
 
 
@@ -230,10 +235,11 @@ def max_pool_backward_cpu(dy, argmax, dx, geom):
 
 
 def max_pool_forward(x, y, argmax, kernel, stride=None, pad=0, stream=None):
-    """``y[n,c,oh,ow] = max`` over the window; ``argmax`` (int32, like ``y``) records where.
+    """``y[n,c,oh,ow] = max`` over the window; ``argmax`` (like ``y``: ``_argmax``) records where.
     ``stride`` defaults to ``kernel``."""
     geom = _geometry(x, y, kernel, stride, pad)
-    args = (view(x, *x.shape), view(y, *y.shape), _argmax(argmax, y), geom)
+    args = (view(x, *x.shape), view(y, *y.shape), _argmax(argmax, y, x.shape[2] * x.shape[3]),
+            geom)
     if on_cpu(x):
         kh, kw, sh, sw, ph, pw = geom
         if pooling_planes.applies(geom, x.shape[3], y.shape[3]):
@@ -251,7 +257,8 @@ def max_pool_forward(x, y, argmax, kernel, stride=None, pad=0, stream=None):
 def max_pool_backward(dy, argmax, dx, kernel, stride=None, pad=0, stream=None):
     """``dx[n,c,h,w] = sum of dy[n,c,oh,ow]`` over the outputs whose ``argmax`` is ``(h, w)``.
     ``dx`` is overwritten (not accumulated)."""
-    args = (view(dy, *dy.shape), _argmax(argmax, dy), view(dx, *dx.shape),
+    args = (view(dy, *dy.shape), _argmax(argmax, dy, dx.shape[2] * dx.shape[3]),
+            view(dx, *dx.shape),
             _geometry(dx, dy, kernel, stride, pad))
     if on_cpu(dx):
         max_pool_backward_cpu(*args)

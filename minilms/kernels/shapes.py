@@ -11,7 +11,7 @@ their own (``im2col.conv_out_size``, ``slotted.count``, ``split_k.split_k``, ``g
 __all__ = ["conv_out_size", "pool_output_size", "SHORT_PLANE", "MIN_PLANE", "MIN_WEIGHT",
            "SLOT_COLUMNS", "ALIGN", "count", "width", "GEMM_TILE", "INNER_LOOP_FFMA_SHARE",
            "SPLIT_K_BLOCKS", "MIN_K_SPAN", "split_k", "PIECE", "pieces", "stats_shape",
-           "cpu_stats_shape"]
+           "cpu_stats_shape", "argmax_dtype", "SHORT_ARGMAX"]
 
 
 # -- im2col ----------------------------------------------------------------------------------------
@@ -34,6 +34,19 @@ def pool_output_size(size: int, kernel: int, stride: int, pad: int, ceil_mode=Fa
     if ceil_mode and (out - 1) * stride >= size + pad:
         out -= 1
     return out
+
+
+# The cpu's max pooling keeps a plane's flat index in 16 bits where the plane has at most this many
+# inputs: the argmax is half the bytes to write in forward and to read in backward (GoogLeNet's
+# inception pools 0.75x the time forward, 0.87x backward: docs/benchmarks.md, session 69). CUDA's
+# kernels are compiled for int32 (``kernels.pooling``), and so is a layer set up for either device.
+SHORT_ARGMAX = 2**16
+
+
+def argmax_dtype(device_kind, plane: int) -> str:
+    """The dtype of max pooling's saved argmax for a layer set up for ``device_kind`` whose input
+    planes have ``plane`` pixels: ``uint16`` on the cpu up to ``SHORT_ARGMAX``, else ``int32``."""
+    return "uint16" if device_kind == "cpu" and plane <= SHORT_ARGMAX else "int32"
 
 
 # -- split-K: a summed product's partial sums (``kernels.split_k``) -------------------------------

@@ -13,8 +13,9 @@ Options (Caffe's names, PyTorch's semantics)::
     global_pooling     True: one window per plane, ``[N, C, 1, 1]`` (no kernel_size, stride or pad)
 
 Max: ``y[n,c,oh,ow] = max over the window of x`` (padding never wins; ties go to the first maximum
-in row-major order). Forward saves ``argmax`` (int32, the shape of ``y``: ``h*W + w`` within the
-plane, PyTorch's ``return_indices``); backward is ``dx[n,c,h,w] = sum of dy[n,c,oh,ow]`` over the
+in row-major order). Forward saves ``argmax`` (the shape of ``y``: ``h*W + w`` within the plane,
+PyTorch's ``return_indices``; int32, or uint16 on the cpu where a plane has at most 2^16 pixels:
+``shapes.argmax_dtype``); backward is ``dx[n,c,h,w] = sum of dy[n,c,oh,ow]`` over the
 outputs whose argmax is ``(h, w)``.
 
 Average: ``y = sum(window ∩ input) / divisor``; ``dx[n,c,h,w] = sum of dy / divisor`` over the
@@ -116,7 +117,9 @@ class Pooling(Layer):
 
     def saved(self):
         if self.pool == "max":
-            return [BufferSpec("argmax", self.top_shapes[0], np.dtype(np.int32))]
+            plane = self.bottom_shapes[0][2] * self.bottom_shapes[0][3]
+            return [BufferSpec("argmax", self.top_shapes[0],
+                               np.dtype(shapes.argmax_dtype(self.device_kind, plane)))]
         return []
 
     def forward(self, io):

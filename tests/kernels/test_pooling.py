@@ -106,6 +106,33 @@ def test_max_and_avg_pool_cpu_against_naive(h, w, k, s, p, ceil):
         np.testing.assert_allclose(y, naive_avg(x, k, s, p, ceil, include_pad), rtol=1e-12)
 
 
+@pytest.mark.parametrize("h, w, k, s, p, ceil", CONFIGS + [(28, 28, 3, 1, 1, False),
+                                                        (56, 56, 3, 2, 1, True),
+                                                        (14, 40, 3, 2, 1, False),
+                                                        (9, 9, 5, 1, 2, False),   # the rows
+                                                        (9, 10, 3, 3, 0, True)])  # one by one
+def test_a_16_bit_argmax_holds_the_same_indices(h, w, k, s, p, ceil):
+    """Every cpu path (the planes, the rows, stride 2's rows, one output at a time) writes the
+    same indices into a uint16 argmax as into an int32 one, and backward scatters by them alike;
+    a plane of more than 2^16 pixels refuses one."""
+    x = np.random.default_rng(h * w + 1).standard_normal((2, 5, h, w)).astype(np.float32)
+    shape = out_shape(x, k, s, p, ceil)
+    dy = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    got = {}
+    for dtype in (np.int32, np.uint16):
+        y, arg, dx = np.empty(shape, np.float32), np.empty(shape, dtype), np.empty_like(x)
+        pl.max_pool_forward(x, y, arg, k, s, p)
+        pl.max_pool_backward(dy, arg, dx, k, s, p)
+        got[dtype] = y, arg, dx
+    np.testing.assert_array_equal(got[np.uint16][1], naive_max(x, k, s, p, ceil)[1])
+    for a, b in zip(got[np.int32], got[np.uint16]):
+        np.testing.assert_array_equal(a, b)
+    big = np.zeros((1, 1, 257, 256), np.float32)
+    with pytest.raises(ValueError, match="argmax must be int32"):
+        pl.max_pool_forward(big, np.empty((1, 1, 128, 128), np.float32),
+                            np.empty((1, 1, 128, 128), np.uint16), 2, 2, 0)
+
+
 def test_max_pool_ties_go_to_first_and_nan_propagates():
     x = np.ones((1, 1, 4, 4), np.float32)
     y = np.empty((1, 1, 2, 2), np.float32)

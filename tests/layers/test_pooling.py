@@ -178,6 +178,18 @@ def test_declarations():
     assert make(kernel_size=(3, 2)).stride == (3, 2)                  # stride defaults to kernel
 
 
+def test_the_argmax_is_16_bits_on_the_cpu_where_a_plane_fits():
+    """``shapes.argmax_dtype``: uint16 for the cpu up to 2^16 pixels a plane (half the bytes to
+    write and read), int32 beyond, on CUDA and for either device (its kernels' signatures)."""
+    def dtype(kind, h, w):
+        layer = make(pool="max", kernel_size=3, stride=2, pad=1)
+        layer.setup([(1, 2, h, w)], kind)
+        return layer.saved()[0].dtype
+    assert dtype("cpu", 224, 224) == np.uint16 and dtype("cpu", 256, 256) == np.uint16
+    assert dtype("cpu", 257, 256) == np.int32 and dtype("cpu", 2240, 2240) == np.int32
+    assert dtype("cuda", 224, 224) == np.int32 and dtype(None, 224, 224) == np.int32
+
+
 def test_against_torch():
     torch = pytest.importorskip("torch", reason="PyTorch not installed: comparison skipped")
     F = torch.nn.functional
