@@ -1,5 +1,6 @@
 """Elementwise kernels: ReLU, axpby / weighted sums, scale, fill, dropout, accumulate, and the
-copy of a slice of channels (``slice_copy``: Concat's parts, Convolution's bands). Two of them fuse
+copy of a slice of channels (``slice_copy``: Concat's parts, Convolution's bands, the stacked 1x1s'
+members). Two of them fuse
 a ReLU into the pass before or after it (an Eltwise with ``relu: true``): ``axpby_relu`` and
 ``relu_backward_scale``, each bit for bit the two kernels it replaces, one pass over memory fewer.
 
@@ -377,7 +378,8 @@ def slice_copy_cpu(part, whole, offset, into_whole):
 def slice_copy(part, whole, offset: int, into_whole: bool, stream=None) -> None:
     """Copy ``part [N, C_p, ...]`` into axis-1 positions ``offset:offset + C_p`` of ``whole
     [N, C, ...]`` (``into_whole``), or out of them. Concat joins channels with it; Convolution's
-    banded path moves a band of columns ``[M, L]`` of an ``[M, P]`` matrix."""
+    banded path moves a band of columns ``[M, L]`` of an ``[M, P]`` matrix; StackedConvolution
+    its members' weights, tops and gradients in and out of its stacked ones."""
     n, c = part.shape[:2]
     part3 = view(part, n, c, -1)
     whole3 = view(whole, n, whole.shape[1], -1)
