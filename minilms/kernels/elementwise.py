@@ -1,8 +1,8 @@
 """Elementwise kernels: ReLU, axpby / weighted sums, scale, fill, dropout, accumulate, and the
-copy of a slice of channels (``slice_copy``: Concat's parts, Convolution's bands, the stacked 1x1s'
-members). Two of them fuse
-a ReLU into the pass before or after it (an Eltwise with ``relu: true``): ``axpby_relu`` and
-``relu_backward_scale``, each bit for bit the two kernels it replaces, one pass over memory fewer.
+copy of a slice of channels (``slice_copy``: Concat's parts, Convolution's bands, the stacked
+1x1s' members). Two of them fuse a ReLU into the pass before or after it (an Eltwise with
+``relu: true``): ``axpby_relu`` and ``relu_backward_scale``, each bit for bit the two kernels it
+replaces, one pass over memory fewer.
 
 Every launcher works on C-contiguous arrays of any shape (they are viewed flat) and of float32 or
 float64; scalars are cast to the array's dtype before the call, so float32 data is never computed
