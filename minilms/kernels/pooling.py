@@ -12,7 +12,7 @@ PyTorch), so every window holds at least one real element. The output size is no
 the launchers: it is read from ``y``'s shape, so ceil mode is just a larger ``y``.
 
 Max: padding never wins. ``argmax`` (shape of ``y``; int32, or uint16 on the cpu where the plane
-has at most ``SHORT_ARGMAX`` pixels) records ``h*W + w`` of the maximum within its ``(n, c)``
+has at most ``shapes.SHORT_ARGMAX`` pixels) records ``h*W + w`` of the maximum within its ``(n, c)``
 plane (PyTorch's ``return_indices`` convention); ties go to the first maximum in row-major order;
 NaN propagates, as in PyTorch.
 
@@ -29,7 +29,6 @@ On the ``cpu`` device the max forward runs in two passes a plane (``pooling_plan
 apply, else a row of outputs at a time (``pooling_rows``), else output by output here: the same
 values and argmax from each.
 """
-import numpy as np
 from numba import njit, prange
 
 from ..lazy_cuda import cuda
@@ -38,7 +37,7 @@ from .common import block_sum, grid_1d, launch, view
 from .pooling_planes import U, max_pool_forward_planes_cpu
 from .pooling_rows import max_pool_forward_rows_cpu, max_pool_forward_stride2_cpu, stride2_rows_pay
 from .registry import cpu_variant, cuda_kernel, on_cpu, shared
-from .shapes import SHORT_ARGMAX, pool_output_size
+from .shapes import argmax_dtype, pool_output_size
 
 __all__ = ["pool_output_size", "max_pool_forward", "max_pool_backward", "avg_pool_forward",
            "avg_pool_backward", "global_avg_pool_forward", "global_avg_pool_backward"]
@@ -161,11 +160,10 @@ def _sigs(pattern):
 def _argmax(argmax, y, plane: int):
     """``argmax`` checked against the output ``y`` and the input's ``plane`` pixels: int32, or
     uint16 on the cpu where the plane's indices fit (``shapes.argmax_dtype``)."""
-    short = on_cpu(y) and plane <= SHORT_ARGMAX
-    if argmax.dtype not in ((np.int32, np.uint16) if short else (np.int32,)) \
-            or tuple(argmax.shape) != tuple(y.shape):
-        raise ValueError(f"argmax must be {'int32 or uint16' if short else 'int32'} "
-                         f"{tuple(y.shape)}, got {argmax.dtype} {argmax.shape}")
+    allowed = {"int32", argmax_dtype("cpu" if on_cpu(y) else "cuda", plane)}
+    if argmax.dtype.name not in allowed or tuple(argmax.shape) != tuple(y.shape):
+        raise ValueError(f"argmax must be {' or '.join(sorted(allowed))} {tuple(y.shape)}, "
+                         f"got {argmax.dtype} {argmax.shape}")
     return view(argmax, *y.shape)
 
 
