@@ -211,3 +211,29 @@ def test_work_run_where_submitted_leaves_the_streams_thread_asleep(monkeypatch):
             stream.submit(lambda: 1 / 0)
         stream.submit(lambda: ran.append(threading.current_thread()))
         assert ran == [threading.current_thread()] * 2 and done.query() and notified == []
+
+
+def test_an_event_recorded_where_work_runs_at_once_is_complete_and_timed(monkeypatch):
+    """Recorded on a stream whose work runs at submit (the compute stream; a copy stream with
+    ``COPY_THREADS`` off), an event is complete at once and keeps the time after the stream's
+    earlier work; one recorded next on a stream with its thread is not complete until the work
+    ahead of it is done (the complete state the first ones share is never the second's)."""
+    import time
+    monkeypatch.setattr(cpu_streams, "COPY_THREADS", False)
+    with make_device("cpu", 1 << 12) as device:
+        assert device.event().query()                   # never recorded: complete
+        start, end = device.event(timing=True), device.event(timing=True)
+        start.record(device.h2d_stream)
+        device.h2d_stream.submit(lambda: time.sleep(0.02))
+        end.record(device.h2d_stream)
+        assert start.query() and end.query()
+        assert start.elapsed_time(end) >= 20.0 * 0.9
+        monkeypatch.setattr(cpu_streams, "COPY_THREADS", True)
+        gate = threading.Event()
+        device.h2d_stream.submit(lambda: gate.wait(10))
+        later = device.event()
+        later.record(device.h2d_stream)
+        assert not later.query() and start.query()
+        gate.set()
+        later.synchronize()
+        assert later.query()

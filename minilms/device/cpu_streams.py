@@ -243,27 +243,37 @@ class CpuStream:
         return f"<CpuStream {self.name}>"
 
 
+_COMPLETE = threading.Event()      # the state of an event never recorded, or recorded where
+_COMPLETE.set()                    # its stream's work runs at once: set, and never cleared
+
+
 class CpuEvent:
     """A marker in a stream. As in CUDA, an event never recorded counts as complete, and ``wait``
     waits for the latest ``record`` made before it. ``helped``: the copy streams a wait on the
     compute stream works for while it waits (the module docstring)."""
 
     def __init__(self, timing: bool = False, helped: tuple = ()):
-        self._done = threading.Event()
-        self._done.set()
+        self._done = _COMPLETE
         self._recorded_on: CpuStream | None = None
         self.helped = helped
         self.timing = timing
         self.time: float | None = None
 
     def record(self, stream: CpuStream) -> None:
-        done = self._done = threading.Event()
         self._recorded_on = stream
+        if not stream.copies_on_thread():   # runs at submit, after the stream's earlier work:
+            stream.submit(self._stamp)      # complete when submit returns, no Event to make
+            self._done = _COMPLETE          # (an LMS iteration records a hundred or more)
+            return
+        done = self._done = threading.Event()
 
         def mark():
             self.time = events.clock()
             done.set()
         stream.submit(mark)
+
+    def _stamp(self) -> None:
+        self.time = events.clock()
 
     def wait(self, stream: CpuStream) -> None:
         source = self._recorded_on
